@@ -1,0 +1,1 @@
+//! The engine: a model, its tokenizer and one KV cache that survives across calls.

@@ -1,0 +1,1 @@
+//! Text ↔ token ids, from a `tokenizer.json` or from GGUF metadata.

@@ -1,0 +1,92 @@
+//! The library's one error type: every variant names the input that failed.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong inside prism, with the path, model or value at fault.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("{path}: not a usable model file: {reason}")]
+    BadModelFile { path: PathBuf, reason: String },
+
+    #[error("unknown model `{name}`: not a manifest name (see `prism models list`), an existing path, or an owner/name repo id")]
+    UnknownModel { name: String },
+
+    #[error("{model}: unsupported architecture `{architecture}` (prism runs llama and qwen2)")]
+    UnsupportedArchitecture { model: String, architecture: String },
+
+    #[error("{model}: tokenizer: {reason}")]
+    Tokenizer { model: String, reason: String },
+
+    #[error("chat template: {reason}")]
+    ChatTemplate { reason: String },
+
+    #[error("prompt of {prompt_tokens} tokens plus {max_new_tokens} new tokens does not fit the model's context of {context_tokens} tokens")]
+    PromptTooLong {
+        prompt_tokens: usize,
+        max_new_tokens: usize,
+        context_tokens: usize,
+    },
+
+    #[error("{model}: download failed: {reason}")]
+    Download { model: String, reason: String },
+
+    #[error("{path}: checksum mismatch: expected sha256 {expected}, found {actual}")]
+    Checksum {
+        path: PathBuf,
+        expected: String,
+        actual: String,
+    },
+
+    #[error("{repo}: cannot reach the Hugging Face hub: {reason}")]
+    Hub { repo: String, reason: String },
+
+    #[error("{what}: {reason}")]
+    InvalidInput { what: String, reason: String },
+
+    #[error("{context}: {source}")]
+    Candle {
+        context: String,
+        #[source]
+        source: candle_core::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub fn invalid(what: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            what: what.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Attach a short description of what the engine was doing to a candle error.
+pub trait CandleContext<T> {
+    fn context(self, context: impl Into<String>) -> Result<T>;
+}
+
+impl<T> CandleContext<T> for candle_core::Result<T> {
+    fn context(self, context: impl Into<String>) -> Result<T> {
+        self.map_err(|source| Error::Candle {
+            context: context.into(),
+            source,
+        })
+    }
+}

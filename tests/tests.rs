@@ -1,0 +1,1 @@
+//! One integration-test binary; each module covers one capability.
