@@ -1,1 +1,3 @@
 //! One integration-test binary; each module covers one capability.
+
+mod common;
