@@ -19,6 +19,9 @@ pub enum Error {
     #[error("unknown model `{name}`: not a manifest name (see `prism models list`), an existing path, or an owner/name repo id")]
     UnknownModel { name: String },
 
+    #[error("{model}: not fetched yet (expected {path}): run `prism models fetch {model}`")]
+    NotFetched { model: String, path: PathBuf },
+
     #[error("{model}: unsupported architecture `{architecture}` (prism runs llama and qwen2)")]
     UnsupportedArchitecture { model: String, architecture: String },
 
@@ -28,10 +31,9 @@ pub enum Error {
     #[error("chat template: {reason}")]
     ChatTemplate { reason: String },
 
-    #[error("prompt of {prompt_tokens} tokens plus {max_new_tokens} new tokens does not fit the model's context of {context_tokens} tokens")]
+    #[error("{prompt_tokens} tokens do not fit the model's context of {context_tokens} tokens")]
     PromptTooLong {
         prompt_tokens: usize,
-        max_new_tokens: usize,
         context_tokens: usize,
     },
 

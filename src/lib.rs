@@ -14,6 +14,7 @@
 //! - [`metrics`] sums usages into a [`metrics::Ledger`] and derives cache hit rate,
 //!   net tokens and cost index from it.
 
+pub mod bench;
 pub mod engine;
 pub mod error;
 pub mod metrics;

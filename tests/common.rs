@@ -13,3 +13,105 @@ pub fn fetched_model(file_name: &str) -> PathBuf {
     );
     path
 }
+
+/// Which tiny model to write.
+#[derive(Debug, Clone, Copy)]
+pub enum TinyArch {
+    Llama,
+    Qwen2,
+}
+
+pub const TINY_VOCAB: usize = 64;
+pub const TINY_CONTEXT: usize = 256;
+
+/// Write a random-weight model (config.json, model.safetensors, tokenizer.json)
+/// with 2 layers, hidden size 32 and 4 query / 2 key-value heads into `dir`.
+/// The same seed writes the same weights.
+pub fn write_tiny_model(dir: &std::path::Path, arch: TinyArch, seed: u64) {
+    use candle_core::{Device, Tensor};
+    use rand::{Rng, SeedableRng};
+    use std::collections::HashMap;
+
+    let (hidden, intermediate, layers, heads, kv_heads) = (32usize, 64usize, 2usize, 4usize, 2usize);
+    let head_dim = hidden / heads;
+    let model_type = match arch {
+        TinyArch::Llama => "llama",
+        TinyArch::Qwen2 => "qwen2",
+    };
+    let config = serde_json::json!({
+        "model_type": model_type,
+        "vocab_size": TINY_VOCAB,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": TINY_CONTEXT,
+        "tie_word_embeddings": matches!(arch, TinyArch::Qwen2),
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut tensor = |dims: &[usize], scale: f32| {
+        let n: usize = dims.iter().product();
+        let data: Vec<f32> = (0..n).map(|_| rng.random_range(-scale..scale)).collect();
+        Tensor::from_vec(data, dims, &Device::Cpu).unwrap()
+    };
+    let mut weights: HashMap<String, Tensor> = HashMap::new();
+    weights.insert("model.embed_tokens.weight".into(), tensor(&[TINY_VOCAB, hidden], 1.0));
+    for layer in 0..layers {
+        let p = format!("model.layers.{layer}");
+        let shapes = [
+            ("self_attn.q_proj", heads * head_dim, hidden),
+            ("self_attn.k_proj", kv_heads * head_dim, hidden),
+            ("self_attn.v_proj", kv_heads * head_dim, hidden),
+            ("self_attn.o_proj", hidden, heads * head_dim),
+            ("mlp.gate_proj", intermediate, hidden),
+            ("mlp.up_proj", intermediate, hidden),
+            ("mlp.down_proj", hidden, intermediate),
+        ];
+        for (name, out_dim, in_dim) in shapes {
+            weights.insert(format!("{p}.{name}.weight"), tensor(&[out_dim, in_dim], 0.3));
+        }
+        if matches!(arch, TinyArch::Qwen2) {
+            for (name, dim) in [("q_proj", heads * head_dim), ("k_proj", kv_heads * head_dim), ("v_proj", kv_heads * head_dim)] {
+                weights.insert(format!("{p}.self_attn.{name}.bias"), tensor(&[dim], 0.3));
+            }
+        }
+        weights.insert(format!("{p}.input_layernorm.weight"), tensor(&[hidden], 1.0));
+        weights.insert(format!("{p}.post_attention_layernorm.weight"), tensor(&[hidden], 1.0));
+    }
+    weights.insert("model.norm.weight".into(), tensor(&[hidden], 1.0));
+    if matches!(arch, TinyArch::Llama) {
+        weights.insert("lm_head.weight".into(), tensor(&[TINY_VOCAB, hidden], 1.0));
+    }
+    candle_core::safetensors::save(&weights, dir.join("model.safetensors")).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tiny_tokenizer_json()).unwrap();
+}
+
+/// A word-level tokenizer over 64 ids: `<s>`, `</s>`, then the words `w2` … `w63`.
+fn tiny_tokenizer_json() -> String {
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("<s>".into(), 0.into());
+    vocab.insert("</s>".into(), 1.into());
+    for id in 2..TINY_VOCAB {
+        vocab.insert(format!("w{id}"), id.into());
+    }
+    serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [
+            {"id": 0, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+            {"id": 1, "content": "</s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}
+        ],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null,
+        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": false},
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "</s>"}
+    })
+    .to_string()
+}

@@ -1,4 +1,379 @@
 //! The engine: a model, its tokenizer and one KV cache that survives across calls.
+//!
+//! Before each prompt the engine finds the longest common token prefix between
+//! the prompt and the tokens whose keys and values it holds (the previous prompt
+//! plus what was generated after it), keeps that part of the cache and computes
+//! only the rest. Every call reports what it cost as a [`Usage`].
 
+pub mod chat;
+pub mod device;
+pub mod kv_cache;
+pub mod model;
+pub mod sampling;
 pub mod source;
 pub mod tokenizer;
+
+use crate::error::{Error, Result};
+use candle_core::quantized::gguf_file;
+use candle_core::Tensor;
+use chat::{ChatMessage, ChatTemplate};
+use device::DeviceChoice;
+use kv_cache::KvCache;
+use model::{Config, PrefillWeights, Transformer, WeightFile};
+use sampling::{Sampler, SamplingConfig};
+use source::ModelSource;
+use std::path::Path;
+use std::time::Instant;
+use tokenizer::Tokenizer;
+
+/// What one engine call cost. Only the engine fills these in; reports derive
+/// rates from them (see `metrics`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Usage {
+    /// Tokens in the prompt.
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose keys and values came from the cache.
+    pub reused_tokens: usize,
+    /// Tokens sampled, including an end-of-turn token that stopped generation.
+    pub output_tokens: usize,
+    pub prefill_seconds: f64,
+    /// Single-token forward passes run while decoding.
+    pub decode_steps: usize,
+    pub decode_seconds: f64,
+}
+
+impl std::ops::AddAssign<&Usage> for Usage {
+    fn add_assign(&mut self, other: &Usage) {
+        self.prompt_tokens += other.prompt_tokens;
+        self.reused_tokens += other.reused_tokens;
+        self.output_tokens += other.output_tokens;
+        self.prefill_seconds += other.prefill_seconds;
+        self.decode_steps += other.decode_steps;
+        self.decode_seconds += other.decode_seconds;
+    }
+}
+
+/// How a model is loaded.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    pub device: DeviceChoice,
+    /// `None` picks dense prefill weights when their f32 copy stays under
+    /// [`DENSE_PREFILL_LIMIT_BYTES`].
+    pub prefill_weights: Option<PrefillWeights>,
+}
+
+/// The largest f32 copy of the matmul weights kept for prefill when the user
+/// does not choose: 4 GiB covers models up to about one billion parameters.
+pub const DENSE_PREFILL_LIMIT_BYTES: usize = 4 << 30;
+
+/// What to generate after a prompt.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct GenerateOptions {
+    pub max_tokens: usize,
+    pub sampling: SamplingConfig,
+    /// Generation stops when the text contains any of these; the text is cut before it.
+    pub stop: Vec<String>,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_tokens: 256,
+            sampling: SamplingConfig::default(),
+            stop: Vec::new(),
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The model produced an end-of-turn token.
+    EndOfTurn,
+    /// The text reached a stop string.
+    StopString,
+    /// `max_tokens` were generated.
+    MaxTokens,
+    /// The context is full.
+    ContextFull,
+}
+
+/// The result of one call.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Generation {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub stop_reason: StopReason,
+    pub usage: Usage,
+}
+
+/// A loaded model with its tokenizer, chat template and KV cache.
+pub struct Engine {
+    name: String,
+    model: Transformer,
+    tokenizer: Tokenizer,
+    chat_template: Option<ChatTemplate>,
+    cache: KvCache,
+    prefix_cache: bool,
+}
+
+impl Engine {
+    /// Load the model `source` points at.
+    pub fn load(source: &ModelSource, options: &LoadOptions) -> Result<Self> {
+        let device = device::open(options.device)?;
+        match source {
+            ModelSource::Gguf { path, name } => {
+                let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+                let content = gguf_file::Content::read(&mut file).map_err(|e| Error::BadModelFile {
+                    path: path.clone(),
+                    reason: format!("cannot read GGUF header: {e}"),
+                })?;
+                let config = Config::from_gguf(&content, path)?;
+                let tokenizer = Tokenizer::from_gguf(&content, name)?;
+                let mut weights = WeightFile::gguf(path, content, file);
+                let prefill = choose_prefill_weights(&config, options);
+                let model = Transformer::new(config, &mut weights, prefill, &device)?;
+                Engine::new(name, model, tokenizer)
+            }
+            ModelSource::HfDir { dir, name } => {
+                let config_path = dir.join("config.json");
+                let json = std::fs::read_to_string(&config_path)
+                    .map_err(|e| Error::io(&config_path, e))?;
+                let config = Config::from_hf_json(&json, &config_path)?;
+                let tokenizer = Tokenizer::from_hf_dir(dir)?;
+                let files = safetensors_files(dir)?;
+                let mut weights = WeightFile::safetensors(dir, &files, &device)?;
+                let prefill = choose_prefill_weights(&config, options);
+                let model = Transformer::new(config, &mut weights, prefill, &device)?;
+                Engine::new(name, model, tokenizer)
+            }
+        }
+    }
+
+    fn new(name: &str, model: Transformer, tokenizer: Tokenizer) -> Result<Self> {
+        let chat_template = match tokenizer.chat_template() {
+            Some(source) => Some(ChatTemplate::new(
+                source,
+                tokenizer.bos_token(),
+                tokenizer.eos_token(),
+            )?),
+            None => None,
+        };
+        let cache = model.new_cache();
+        Ok(Engine {
+            name: name.to_string(),
+            model,
+            tokenizer,
+            chat_template,
+            cache,
+            prefix_cache: true,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn config(&self) -> &Config {
+        self.model.config()
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The longest sequence the model accepts, prompt and generated tokens together.
+    pub fn context_tokens(&self) -> usize {
+        self.model.config().context_tokens
+    }
+
+    /// With reuse off every call recomputes its whole prompt, for comparison.
+    pub fn set_prefix_cache(&mut self, enabled: bool) {
+        self.prefix_cache = enabled;
+    }
+
+    /// The token ids whose keys and values the engine holds.
+    pub fn cached_tokens(&self) -> &[u32] {
+        self.cache.tokens()
+    }
+
+    /// Token ids of a plain-text prompt, with BOS first when the model expects it.
+    pub fn text_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        if self.tokenizer.add_bos() {
+            ids.extend(self.tokenizer.bos_token_id());
+        }
+        ids.extend(self.tokenizer.encode(text)?);
+        Ok(ids)
+    }
+
+    /// The chat template's text for `messages`, ending with the assistant's turn opener.
+    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
+        let template = self.chat_template.as_ref().ok_or_else(|| Error::ChatTemplate {
+            reason: format!("{} has no chat template; run without --chat", self.name),
+        })?;
+        template.render(messages, true)
+    }
+
+    /// Token ids of a chat prompt rendered with the model's template.
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        let text = self.render_chat(messages)?;
+        // Templates that write BOS themselves must not get a second one.
+        let writes_bos = self.tokenizer.bos_token().is_some_and(|bos| text.starts_with(bos));
+        let mut ids = Vec::new();
+        if self.tokenizer.add_bos() && !writes_bos {
+            ids.extend(self.tokenizer.bos_token_id());
+        }
+        ids.extend(self.tokenizer.encode(&text)?);
+        Ok(ids)
+    }
+
+    /// Encode `prompt`, reusing the cached prefix it shares with the previous
+    /// call, and return the logits for the token after it.
+    pub fn prefill(&mut self, prompt: &[u32]) -> Result<(Tensor, Usage)> {
+        let context = self.context_tokens();
+        if prompt.is_empty() {
+            return Err(Error::invalid("prompt", "is empty"));
+        }
+        if prompt.len() >= context {
+            return Err(Error::PromptTooLong {
+                prompt_tokens: prompt.len(),
+                context_tokens: context,
+            });
+        }
+        let vocab = self.model.config().vocab_size as u32;
+        if let Some(bad) = prompt.iter().find(|&&id| id >= vocab) {
+            return Err(Error::invalid(
+                "prompt",
+                format!("token id {bad} is outside the vocabulary of {vocab}"),
+            ));
+        }
+        let shared = if self.prefix_cache {
+            self.cache.common_prefix(prompt)
+        } else {
+            0
+        };
+        // At least the last prompt token must run to produce its logits.
+        let reused = shared.min(prompt.len() - 1);
+        self.cache.truncate(reused);
+        let start = Instant::now();
+        let logits = self.model.forward(&prompt[reused..], &mut self.cache)?;
+        let usage = Usage {
+            prompt_tokens: prompt.len(),
+            reused_tokens: reused,
+            prefill_seconds: start.elapsed().as_secs_f64(),
+            ..Usage::default()
+        };
+        Ok((logits, usage))
+    }
+
+    /// Append `tokens` to the cached sequence and return the logits after the
+    /// last of them. Benchmarks use it to time decode steps without sampling.
+    pub fn extend(&mut self, tokens: &[u32]) -> Result<Tensor> {
+        if self.cache.len() + tokens.len() >= self.context_tokens() {
+            return Err(Error::PromptTooLong {
+                prompt_tokens: self.cache.len() + tokens.len(),
+                context_tokens: self.context_tokens(),
+            });
+        }
+        self.model.forward(tokens, &mut self.cache)
+    }
+
+    /// Run `prompt` and generate up to `options.max_tokens` tokens after it.
+    pub fn generate(&mut self, prompt: &[u32], options: &GenerateOptions) -> Result<Generation> {
+        options.sampling.validate()?;
+        let (mut logits, mut usage) = self.prefill(prompt)?;
+        let decode_start = Instant::now();
+        let stop_ids = self.tokenizer.stop_token_ids().to_vec();
+        let mut sampler = Sampler::new(&options.sampling);
+        let mut history = prompt.to_vec();
+        let mut tokens = Vec::new();
+        let mut text = String::new();
+        let stop_reason = loop {
+            if tokens.len() == options.max_tokens {
+                break StopReason::MaxTokens;
+            }
+            let token = sampler.sample(&logits, &history)?;
+            usage.output_tokens += 1;
+            if stop_ids.contains(&token) {
+                break StopReason::EndOfTurn;
+            }
+            tokens.push(token);
+            history.push(token);
+            text = self.tokenizer.decode(&tokens, true)?;
+            if let Some(cut) = first_stop(&text, &options.stop) {
+                text.truncate(cut);
+                break StopReason::StopString;
+            }
+            if tokens.len() == options.max_tokens {
+                break StopReason::MaxTokens;
+            }
+            if self.cache.len() + 1 >= self.context_tokens() {
+                break StopReason::ContextFull;
+            }
+            logits = self.model.forward(&[token], &mut self.cache)?;
+            usage.decode_steps += 1;
+        };
+        usage.decode_seconds = decode_start.elapsed().as_secs_f64();
+        Ok(Generation {
+            text,
+            tokens,
+            stop_reason,
+            usage,
+        })
+    }
+}
+
+/// Byte offset of the earliest stop string in `text`.
+fn first_stop(text: &str, stops: &[String]) -> Option<usize> {
+    stops
+        .iter()
+        .filter(|stop| !stop.is_empty())
+        .filter_map(|stop| text.find(stop.as_str()))
+        .min()
+}
+
+fn choose_prefill_weights(config: &Config, options: &LoadOptions) -> PrefillWeights {
+    options.prefill_weights.unwrap_or_else(|| {
+        let per_layer = config.hidden_size
+            * (2 * config.heads * config.head_dim
+                + 2 * config.kv_heads * config.head_dim
+                + 3 * config.intermediate_size);
+        let dense_bytes = per_layer * config.layers * std::mem::size_of::<f32>();
+        if dense_bytes <= DENSE_PREFILL_LIMIT_BYTES {
+            PrefillWeights::Dense
+        } else {
+            PrefillWeights::Quantized
+        }
+    })
+}
+
+/// The `*.safetensors` files of a model directory, in name order (shards are numbered).
+fn safetensors_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    let mut files: Vec<_> = entries
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::BadModelFile {
+            path: dir.to_path_buf(),
+            reason: "no *.safetensors file".to_string(),
+        });
+    }
+    Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_stop;
+
+    #[test]
+    fn earliest_stop_string_wins() {
+        let stops = vec!["\n\n".to_string(), "END".to_string(), String::new()];
+        assert_eq!(first_stop("abc END x\n\n", &stops), Some(4));
+        assert_eq!(first_stop("abc", &stops), None);
+    }
+}

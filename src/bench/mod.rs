@@ -1,0 +1,3 @@
+//! Benchmarks that run through the CLI: engine speed (`prism bench-engine`).
+
+pub mod engine;

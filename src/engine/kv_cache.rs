@@ -1,0 +1,224 @@
+//! The KV cache: per-layer keys and values for a token sequence, which knows the
+//! token ids it holds so that a new prompt can reuse the longest common prefix.
+//!
+//! Storage is preallocated per layer as `(1, capacity, kv_heads, head_dim)` and
+//! written in place; capacity doubles when needed, so appending a token never
+//! copies the whole cache. Truncating only moves the length back.
+
+use crate::error::{CandleContext, Result};
+use candle_core::{DType, Device, Tensor};
+
+const INITIAL_CAPACITY: usize = 256;
+
+/// One layer's keys and values; positions `0..len` are valid.
+#[derive(Debug, Clone)]
+struct LayerCache {
+    keys: Tensor,
+    values: Tensor,
+}
+
+/// The KV state of one token sequence across all layers.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    layers: Vec<Option<LayerCache>>,
+    /// Token ids whose keys and values are stored, in order.
+    tokens: Vec<u32>,
+    /// Positions every layer has been written up to. While a forward pass is
+    /// running, layers run ahead of this by the tokens being appended.
+    len: usize,
+    capacity: usize,
+    max_len: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    dtype: DType,
+    device: Device,
+}
+
+impl KvCache {
+    /// An empty cache for a model with `layers` layers, holding at most `max_len` positions.
+    pub fn new(
+        layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        max_len: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Self {
+        KvCache {
+            layers: vec![None; layers],
+            tokens: Vec::new(),
+            len: 0,
+            capacity: 0,
+            max_len,
+            kv_heads,
+            head_dim,
+            dtype,
+            device: device.clone(),
+        }
+    }
+
+    /// Number of cached positions.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The most positions this cache can hold (the model's context length).
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// The token ids whose keys and values are cached.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Length of the longest common prefix of `prompt` and the cached tokens.
+    pub fn common_prefix(&self, prompt: &[u32]) -> usize {
+        self.tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(cached, new)| cached == new)
+            .count()
+    }
+
+    /// Forget every position from `len` on. The storage stays allocated.
+    pub fn truncate(&mut self, len: usize) {
+        if len < self.len {
+            self.len = len;
+            self.tokens.truncate(len);
+        }
+    }
+
+    /// Bytes of key and value storage currently allocated.
+    pub fn allocated_bytes(&self) -> usize {
+        let per_layer = 2 * self.capacity * self.kv_heads * self.head_dim * self.dtype.size_in_bytes();
+        per_layer * self.layers.iter().filter(|layer| layer.is_some()).count()
+    }
+
+    /// Make room for `extra` more positions in every layer.
+    pub(crate) fn reserve(&mut self, extra: usize) -> Result<()> {
+        let needed = self.len + extra;
+        if needed > self.max_len {
+            return Err(crate::Error::PromptTooLong {
+                prompt_tokens: needed,
+                context_tokens: self.max_len,
+            });
+        }
+        if needed <= self.capacity {
+            return Ok(());
+        }
+        let capacity = needed
+            .next_power_of_two()
+            .max(INITIAL_CAPACITY)
+            .min(self.max_len);
+        let shape = (1, capacity, self.kv_heads, self.head_dim);
+        for layer in &mut self.layers {
+            let grown = LayerCache {
+                keys: Tensor::zeros(shape, self.dtype, &self.device).context("allocating KV cache")?,
+                values: Tensor::zeros(shape, self.dtype, &self.device)
+                    .context("allocating KV cache")?,
+            };
+            if let Some(old) = layer.as_ref().filter(|_| self.len > 0) {
+                let keys = old.keys.narrow(1, 0, self.len).context("growing KV cache")?;
+                let values = old.values.narrow(1, 0, self.len).context("growing KV cache")?;
+                grown.keys.slice_set(&keys, 1, 0).context("growing KV cache")?;
+                grown.values.slice_set(&values, 1, 0).context("growing KV cache")?;
+            }
+            *layer = Some(grown);
+        }
+        self.capacity = capacity;
+        Ok(())
+    }
+
+    /// Write `keys` and `values` of shape `(1, seq, kv_heads, head_dim)` for the
+    /// positions after the cached ones, and return every position of this layer
+    /// so far, shaped `(1, cached + seq, kv_heads, head_dim)`.
+    ///
+    /// Call [`KvCache::reserve`] first and [`KvCache::commit`] once all layers are written.
+    pub(crate) fn append(
+        &mut self,
+        layer: usize,
+        keys: &Tensor,
+        values: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let seq = keys.dim(1).context("KV cache append")?;
+        let store = self.layers[layer]
+            .as_ref()
+            .expect("reserve() allocates every layer before append()");
+        let keys = keys.to_dtype(self.dtype).context("KV cache append")?;
+        let values = values.to_dtype(self.dtype).context("KV cache append")?;
+        store.keys.slice_set(&keys, 1, self.len).context("KV cache append")?;
+        store.values.slice_set(&values, 1, self.len).context("KV cache append")?;
+        let total = self.len + seq;
+        Ok((
+            store.keys.narrow(1, 0, total).context("KV cache read")?,
+            store.values.narrow(1, 0, total).context("KV cache read")?,
+        ))
+    }
+
+    /// Record that every layer now holds `tokens` after the previously cached positions.
+    pub(crate) fn commit(&mut self, tokens: &[u32]) {
+        self.len += tokens.len();
+        self.tokens.extend_from_slice(tokens);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache(max_len: usize) -> KvCache {
+        KvCache::new(2, 1, 2, max_len, DType::F32, &Device::Cpu)
+    }
+
+    fn step(cache: &mut KvCache, tokens: &[u32]) -> Tensor {
+        cache.reserve(tokens.len()).unwrap();
+        let values: Vec<f32> = tokens.iter().flat_map(|&t| [t as f32, -(t as f32)]).collect();
+        let kv = Tensor::from_vec(values, (1, tokens.len(), 1, 2), &Device::Cpu).unwrap();
+        let mut all = None;
+        for layer in 0..2 {
+            all = Some(cache.append(layer, &kv, &kv).unwrap().0);
+        }
+        cache.commit(tokens);
+        all.unwrap()
+    }
+
+    #[test]
+    fn append_grows_past_initial_capacity_and_keeps_contents() {
+        let mut cache = cache(4096);
+        let tokens: Vec<u32> = (0..300).collect();
+        step(&mut cache, &tokens[..200]);
+        let keys = step(&mut cache, &tokens[200..]);
+        assert_eq!(keys.dims(), &[1, 300, 1, 2]);
+        let firsts: Vec<f32> = keys.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let expected: Vec<f32> = (0..300).flat_map(|t| [t as f32, -(t as f32)]).collect();
+        assert_eq!(firsts, expected);
+        assert_eq!(cache.tokens(), &tokens[..]);
+    }
+
+    #[test]
+    fn truncate_then_append_overwrites_the_tail() {
+        let mut cache = cache(64);
+        step(&mut cache, &[1, 2, 3, 4]);
+        assert_eq!(cache.common_prefix(&[1, 2, 9, 4]), 2);
+        cache.truncate(2);
+        let keys = step(&mut cache, &[9]);
+        let keys: Vec<f32> = keys.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(keys, vec![1.0, -1.0, 2.0, -2.0, 9.0, -9.0]);
+        assert_eq!(cache.tokens(), &[1, 2, 9]);
+    }
+
+    #[test]
+    fn refuses_to_grow_past_the_context() {
+        let mut cache = cache(8);
+        step(&mut cache, &[1, 2, 3, 4, 5, 6]);
+        assert!(matches!(
+            cache.reserve(3),
+            Err(crate::Error::PromptTooLong { context_tokens: 8, .. })
+        ));
+    }
+}

@@ -1,0 +1,297 @@
+//! The forward pass shared by Llama and Qwen2: embeddings, a stack of
+//! pre-norm attention + SwiGLU blocks, a final norm and the output head.
+//!
+//! The model holds no state between calls: the caller passes the [`KvCache`],
+//! whose length is the position of the first token given.
+
+use super::weights::{Linear, PrefillWeights, WeightFile};
+use super::Config;
+use crate::engine::kv_cache::KvCache;
+use crate::error::{CandleContext, Result};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::attention::{flash_attn, AttnMask};
+
+/// Prompts are encoded this many tokens at a time, which bounds the memory of
+/// the intermediate activations without slowing the GEMMs down.
+const PREFILL_BATCH: usize = 512;
+
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+}
+
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+struct Block {
+    input_layernorm: Tensor,
+    self_attn: Attention,
+    post_attention_layernorm: Tensor,
+    mlp: Mlp,
+}
+
+/// Cosine and sine tables for every position up to the context length, `(positions, head_dim / 2)`.
+struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+    interleaved: bool,
+}
+
+/// A loaded Llama or Qwen2 model.
+pub struct Transformer {
+    config: Config,
+    embed_tokens: Tensor,
+    blocks: Vec<Block>,
+    norm: Tensor,
+    lm_head: Linear,
+    rope: Rope,
+    device: Device,
+}
+
+impl Transformer {
+    /// Read every weight of the model described by `config` from `weights`.
+    pub(crate) fn new(
+        config: Config,
+        weights: &mut WeightFile,
+        prefill: PrefillWeights,
+        device: &Device,
+    ) -> Result<Self> {
+        let c = &config;
+        let (hidden, q_dim, kv_dim) = (c.hidden_size, c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        let embed_tokens =
+            weights.dense("model.embed_tokens.weight", &[c.vocab_size, hidden], device)?;
+        let mut blocks = Vec::with_capacity(c.layers);
+        for layer in 0..c.layers {
+            let p = format!("model.layers.{layer}");
+            let mut linear = |name: &str, shape, bias| {
+                weights.linear(&format!("{p}.{name}"), shape, bias, prefill, device)
+            };
+            let self_attn = Attention {
+                q_proj: linear("self_attn.q_proj", (q_dim, hidden), c.attention_bias)?,
+                k_proj: linear("self_attn.k_proj", (kv_dim, hidden), c.attention_bias)?,
+                v_proj: linear("self_attn.v_proj", (kv_dim, hidden), c.attention_bias)?,
+                o_proj: linear("self_attn.o_proj", (hidden, q_dim), false)?,
+            };
+            let mlp = Mlp {
+                gate_proj: linear("mlp.gate_proj", (c.intermediate_size, hidden), false)?,
+                up_proj: linear("mlp.up_proj", (c.intermediate_size, hidden), false)?,
+                down_proj: linear("mlp.down_proj", (hidden, c.intermediate_size), false)?,
+            };
+            blocks.push(Block {
+                input_layernorm: weights.dense(&format!("{p}.input_layernorm.weight"), &[hidden], device)?,
+                self_attn,
+                post_attention_layernorm: weights.dense(
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    &[hidden],
+                    device,
+                )?,
+                mlp,
+            });
+        }
+        let norm = weights.dense("model.norm.weight", &[hidden], device)?;
+        // Models with tied embeddings store no output head and reuse the embedding matrix.
+        let head_name = if weights.contains("lm_head.weight") {
+            "lm_head"
+        } else {
+            "model.embed_tokens"
+        };
+        // Only the last position goes through the head, so it never needs a dense copy.
+        let lm_head = weights.linear(
+            head_name,
+            (c.vocab_size, hidden),
+            false,
+            PrefillWeights::Quantized,
+            device,
+        )?;
+        let rope = Rope::new(&config, device)?;
+        Ok(Transformer {
+            config,
+            embed_tokens,
+            blocks,
+            norm,
+            lm_head,
+            rope,
+            device: device.clone(),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// An empty KV cache sized for this model.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(
+            self.config.layers,
+            self.config.kv_heads,
+            self.config.head_dim,
+            self.config.context_tokens,
+            DType::F32,
+            &self.device,
+        )
+    }
+
+    /// Run `tokens` through the model after the positions already in `cache`,
+    /// append their keys and values to it, and return the next-token logits
+    /// after the last of them, as an f32 vector of `vocab_size`.
+    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
+        if tokens.is_empty() {
+            return Err(crate::Error::invalid("forward", "no tokens to run"));
+        }
+        cache.reserve(tokens.len())?;
+        let mut last_hidden = None;
+        for batch in tokens.chunks(PREFILL_BATCH) {
+            let hidden = self.forward_batch(batch, cache).context("forward pass")?;
+            cache.commit(batch);
+            last_hidden = Some(hidden);
+        }
+        let hidden = last_hidden.expect("tokens is not empty");
+        let seq = hidden.dim(1).context("forward pass")?;
+        let last = hidden.narrow(1, seq - 1, 1).context("output head")?;
+        let normed = candle_nn::ops::rms_norm(&last, &self.norm, self.config.rms_norm_eps as f32)
+            .context("output head")?;
+        let logits = self.lm_head.forward(&normed).context("output head")?;
+        logits
+            .flatten_all()
+            .and_then(|l| l.to_dtype(DType::F32))
+            .context("output head")
+    }
+
+    /// One batch of tokens through every block; returns the hidden states `(1, seq, hidden)`.
+    fn forward_batch(&self, tokens: &[u32], cache: &mut KvCache) -> candle_core::Result<Tensor> {
+        let start = cache.len();
+        let ids = Tensor::new(tokens, &self.device)?;
+        let mut x = self.embed_tokens.index_select(&ids, 0)?.unsqueeze(0)?;
+        let (cos, sin) = self.rope.at(start, tokens.len())?;
+        let eps = self.config.rms_norm_eps as f32;
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let normed = candle_nn::ops::rms_norm(&x, &block.input_layernorm, eps)?;
+            let attended = self.attention(&block.self_attn, &normed, layer, &cos, &sin, cache)?;
+            x = (x + attended)?;
+            let normed = candle_nn::ops::rms_norm(&x, &block.post_attention_layernorm, eps)?;
+            x = (x + block.mlp.forward(&normed)?)?;
+        }
+        Ok(x)
+    }
+
+    fn attention(
+        &self,
+        attn: &Attention,
+        x: &Tensor,
+        layer: usize,
+        cos: &Tensor,
+        sin: &Tensor,
+        cache: &mut KvCache,
+    ) -> candle_core::Result<Tensor> {
+        let c = &self.config;
+        let seq = x.dim(1)?;
+        let start = cache.len();
+        // 1. Project: (1, seq, heads * head_dim).
+        let q = attn.q_proj.forward(x)?;
+        let k = attn.k_proj.forward(x)?;
+        let v = attn.v_proj.forward(x)?;
+        // 2. RoPE works on (1, heads, seq, head_dim).
+        let q = q.reshape((1, seq, c.heads, c.head_dim))?.transpose(1, 2)?.contiguous()?;
+        let k = k.reshape((1, seq, c.kv_heads, c.head_dim))?.transpose(1, 2)?.contiguous()?;
+        let q = self.rope.apply(&q, cos, sin)?;
+        let k = self.rope.apply(&k, cos, sin)?;
+        // 3. Cache and attention work on (1, seq, heads, head_dim).
+        let q = q.transpose(1, 2)?.contiguous()?;
+        let k = k.transpose(1, 2)?.contiguous()?;
+        let v = v.reshape((1, seq, c.kv_heads, c.head_dim))?;
+        let (keys, values) = cache
+            .append(layer, &k, &v)
+            .map_err(candle_core::Error::wrap)?;
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        // 4. Attend: (1, heads, seq, head_dim), then back to (1, seq, heads * head_dim).
+        let out = if self.device.is_cpu() {
+            flash_attn::<f32>(&q, &keys, &values, scale, AttnMask::causal_with_offset(start), None, None)?
+        } else {
+            attention_reference(&q, &keys, &values, scale, start, c.heads / c.kv_heads)?
+        };
+        let out = out.transpose(1, 2)?.reshape((1, seq, c.heads * c.head_dim))?;
+        attn.o_proj.forward(&out)
+    }
+}
+
+impl Mlp {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let gate = candle_nn::ops::silu(&self.gate_proj.forward(x)?)?;
+        let up = self.up_proj.forward(x)?;
+        self.down_proj.forward(&(gate * up)?)
+    }
+}
+
+impl Rope {
+    fn new(config: &Config, device: &Device) -> Result<Self> {
+        let half = config.head_dim / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| (1.0 / config.rope_theta.powf(2.0 * i as f64 / config.head_dim as f64)) as f32)
+            .collect();
+        let tables = || -> candle_core::Result<(Tensor, Tensor)> {
+            let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+            let positions = Tensor::arange(0u32, config.context_tokens as u32, device)?
+                .to_dtype(DType::F32)?
+                .reshape((config.context_tokens, 1))?;
+            let angles = positions.matmul(&inv_freq)?;
+            Ok((angles.cos()?, angles.sin()?))
+        };
+        let (cos, sin) = tables().context("building RoPE tables")?;
+        Ok(Rope {
+            cos,
+            sin,
+            interleaved: config.rope_interleaved,
+        })
+    }
+
+    /// The tables for positions `start..start + len`.
+    fn at(&self, start: usize, len: usize) -> candle_core::Result<(Tensor, Tensor)> {
+        Ok((self.cos.narrow(0, start, len)?, self.sin.narrow(0, start, len)?))
+    }
+
+    /// Rotate `x` of shape `(1, heads, seq, head_dim)`.
+    fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
+        if self.interleaved {
+            candle_nn::rotary_emb::rope_i(x, cos, sin)
+        } else {
+            candle_nn::rotary_emb::rope(x, cos, sin)
+        }
+    }
+}
+
+/// Plain causal attention for devices without candle's fused CPU kernel.
+/// `q` is `(1, seq, heads, d)`, `keys`/`values` `(1, start + seq, kv_heads, d)`;
+/// the result is `(1, heads, seq, d)`, as `flash_attn` returns.
+fn attention_reference(
+    q: &Tensor,
+    keys: &Tensor,
+    values: &Tensor,
+    scale: f32,
+    start: usize,
+    groups: usize,
+) -> candle_core::Result<Tensor> {
+    let q = q.transpose(1, 2)?.contiguous()?;
+    let keys = candle_transformers::utils::repeat_kv(keys.transpose(1, 2)?.contiguous()?, groups)?;
+    let values =
+        candle_transformers::utils::repeat_kv(values.transpose(1, 2)?.contiguous()?, groups)?;
+    let seq = q.dim(2)?;
+    let total = keys.dim(2)?;
+    let scores = (q.matmul(&keys.t()?)? * f64::from(scale))?;
+    // Query i sits at position start + i and sees keys 0..=start + i.
+    let mask: Vec<f32> = (0..seq)
+        .flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    let mask = Tensor::from_vec(mask, (seq, total), q.device())?.to_dtype(scores.dtype())?;
+    let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
+    probs.matmul(&values.contiguous()?)
+}
+

@@ -1,0 +1,270 @@
+//! Reading weights from a GGUF file or safetensors files, by their Hugging Face
+//! names, and choosing the in-memory format each matmul runs in.
+//!
+//! The format decides speed on a CPU. candle's quantized kernels are fast for
+//! Q4_0, Q8_0 and the K-quants but fall back to a slow generic loop for Q4_1,
+//! Q5_0 and Q5_1, which is what small models (576- or 896-wide rows, too narrow
+//! for K-quants) are stored in. So at load time:
+//! - slow quantized types are re-quantized to Q8_0 for single-token steps (decode);
+//! - for multi-token steps (prefill) a dense f32 copy runs a GEMM, which beats every
+//!   quantized kernel, when [`PrefillWeights::Dense`] is chosen.
+
+use crate::error::{CandleContext, Error, Result};
+use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Which weights multi-token forward passes use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PrefillWeights {
+    /// An f32 copy of every matmul weight: fastest prefill, four bytes per parameter more memory.
+    Dense,
+    /// The stored (or re-quantized) weights, as decode uses them.
+    Quantized,
+}
+
+/// A matmul weight, with an optional dense copy for prefill, and an optional bias.
+#[derive(Debug, Clone)]
+pub(crate) struct Linear {
+    /// Used for single-token steps, and for every step when `dense` is absent.
+    weight: QMatMul,
+    /// `(out, in)` in f32, used when more than one token goes through at once.
+    dense: Option<Tensor>,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// `x` is `(1, seq, in)`; the result is `(1, seq, out)`.
+    pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let seq = x.dim(1)?;
+        let y = match &self.dense {
+            Some(dense) if seq > 1 => x.squeeze(0)?.matmul(&dense.t()?)?.unsqueeze(0)?,
+            _ => self.weight.forward(x)?,
+        };
+        match &self.bias {
+            Some(bias) => y.broadcast_add(bias),
+            None => Ok(y),
+        }
+    }
+}
+
+/// An open model file, from which tensors are read by their Hugging Face names.
+pub(crate) enum WeightFile {
+    Gguf {
+        path: PathBuf,
+        content: gguf_file::Content,
+        reader: File,
+    },
+    Safetensors {
+        path: PathBuf,
+        tensors: HashMap<String, Tensor>,
+    },
+}
+
+impl WeightFile {
+    pub(crate) fn gguf(path: &Path, content: gguf_file::Content, reader: File) -> Self {
+        WeightFile::Gguf {
+            path: path.to_path_buf(),
+            content,
+            reader,
+        }
+    }
+
+    /// Load every tensor of the given safetensors files (shards of one model).
+    pub(crate) fn safetensors(dir: &Path, files: &[PathBuf], device: &Device) -> Result<Self> {
+        let mut tensors = HashMap::new();
+        for file in files {
+            let loaded = candle_core::safetensors::load(file, device).map_err(|e| {
+                Error::BadModelFile {
+                    path: file.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
+            tensors.extend(loaded);
+        }
+        Ok(WeightFile::Safetensors {
+            path: dir.to_path_buf(),
+            tensors,
+        })
+    }
+
+    fn path(&self) -> &Path {
+        match self {
+            WeightFile::Gguf { path, .. } | WeightFile::Safetensors { path, .. } => path,
+        }
+    }
+
+    fn bad(&self, reason: String) -> Error {
+        Error::BadModelFile {
+            path: self.path().to_path_buf(),
+            reason,
+        }
+    }
+
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        match self {
+            WeightFile::Gguf { content, .. } => content.tensor_infos.contains_key(&gguf_name(name)),
+            WeightFile::Safetensors { tensors, .. } => tensors.contains_key(name),
+        }
+    }
+
+    /// A tensor as stored: quantized for GGUF, dense for safetensors (wrapped as an
+    /// unquantized `QTensor`-free variant).
+    fn read(&mut self, name: &str, dims: &[usize], device: &Device) -> Result<Stored> {
+        let stored = match self {
+            WeightFile::Gguf {
+                content, reader, ..
+            } => {
+                let gguf = gguf_name(name);
+                if !content.tensor_infos.contains_key(&gguf) {
+                    return Err(self.bad(format!("tensor `{gguf}` ({name}) is missing")));
+                }
+                match content.tensor(reader, &gguf, device) {
+                    Ok(tensor) => Stored::Quantized(Arc::new(tensor)),
+                    Err(e) => return Err(self.bad(format!("tensor `{gguf}`: {e}"))),
+                }
+            }
+            WeightFile::Safetensors { tensors, .. } => match tensors.get(name) {
+                Some(tensor) => Stored::Dense(
+                    tensor
+                        .to_dtype(candle_core::DType::F32)
+                        .context(format!("converting {name} to f32"))?,
+                ),
+                None => return Err(self.bad(format!("tensor `{name}` is missing"))),
+            },
+        };
+        let found = stored.dims();
+        if found != dims {
+            return Err(self.bad(format!("tensor `{name}` has shape {found:?}, expected {dims:?}")));
+        }
+        Ok(stored)
+    }
+
+    /// A dense f32 tensor (norm weights, biases, embeddings).
+    pub(crate) fn dense(&mut self, name: &str, dims: &[usize], device: &Device) -> Result<Tensor> {
+        match self.read(name, dims, device)? {
+            Stored::Dense(tensor) => Ok(tensor),
+            Stored::Quantized(tensor) => tensor
+                .dequantize(device)
+                .context(format!("dequantizing {name}")),
+        }
+    }
+
+    /// A `(out, in)` matmul weight named `{prefix}.weight`, with `{prefix}.bias` when `bias`.
+    pub(crate) fn linear(
+        &mut self,
+        prefix: &str,
+        (out_dim, in_dim): (usize, usize),
+        bias: bool,
+        prefill: PrefillWeights,
+        device: &Device,
+    ) -> Result<Linear> {
+        let name = format!("{prefix}.weight");
+        let stored = self.read(&name, &[out_dim, in_dim], device)?;
+        let bias = if bias {
+            Some(self.dense(&format!("{prefix}.bias"), &[out_dim], device)?)
+        } else {
+            None
+        };
+        let (weight, dense) = match stored {
+            Stored::Dense(tensor) => (QMatMul::Tensor(tensor), None),
+            Stored::Quantized(tensor) => {
+                let dense = match prefill {
+                    PrefillWeights::Dense if device.is_cpu() => Some(
+                        tensor
+                            .dequantize(device)
+                            .context(format!("dequantizing {name}"))?,
+                    ),
+                    _ => None,
+                };
+                let weight = decode_weight(tensor, device).context(format!("preparing {name}"))?;
+                (weight, dense)
+            }
+        };
+        Ok(Linear {
+            weight,
+            dense,
+            bias,
+        })
+    }
+}
+
+/// The quantized weight that single-token steps multiply with: as stored when
+/// candle has a fast CPU kernel for its type, else re-quantized to Q8_0.
+fn decode_weight(tensor: Arc<QTensor>, device: &Device) -> candle_core::Result<QMatMul> {
+    let slow_on_cpu = matches!(
+        tensor.dtype(),
+        GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1 | GgmlDType::Q8_1
+    );
+    if device.is_cpu() && slow_on_cpu {
+        let dense = tensor.dequantize(device)?;
+        return QMatMul::from_qtensor(QTensor::quantize(&dense, GgmlDType::Q8_0)?);
+    }
+    QMatMul::from_arc(tensor)
+}
+
+enum Stored {
+    Quantized(Arc<QTensor>),
+    Dense(Tensor),
+}
+
+impl Stored {
+    fn dims(&self) -> Vec<usize> {
+        match self {
+            Stored::Quantized(tensor) => tensor.shape().dims().to_vec(),
+            Stored::Dense(tensor) => tensor.dims().to_vec(),
+        }
+    }
+}
+
+/// The GGUF name of a Hugging Face weight name, as llama.cpp's converter writes it.
+fn gguf_name(hf_name: &str) -> String {
+    const WHOLE: [(&str, &str); 3] = [
+        ("model.embed_tokens.weight", "token_embd.weight"),
+        ("model.norm.weight", "output_norm.weight"),
+        ("lm_head.weight", "output.weight"),
+    ];
+    const PARTS: [(&str, &str); 9] = [
+        ("input_layernorm", "attn_norm"),
+        ("post_attention_layernorm", "ffn_norm"),
+        ("self_attn.q_proj", "attn_q"),
+        ("self_attn.k_proj", "attn_k"),
+        ("self_attn.v_proj", "attn_v"),
+        ("self_attn.o_proj", "attn_output"),
+        ("mlp.gate_proj", "ffn_gate"),
+        ("mlp.up_proj", "ffn_up"),
+        ("mlp.down_proj", "ffn_down"),
+    ];
+    if let Some((_, gguf)) = WHOLE.iter().find(|(hf, _)| *hf == hf_name) {
+        return gguf.to_string();
+    }
+    let mut name = hf_name.replacen("model.layers.", "blk.", 1);
+    for (hf, gguf) in PARTS {
+        name = name.replacen(hf, gguf, 1);
+    }
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gguf_name;
+
+    #[test]
+    fn hugging_face_names_map_to_llama_cpp_names() {
+        assert_eq!(gguf_name("model.embed_tokens.weight"), "token_embd.weight");
+        assert_eq!(gguf_name("lm_head.weight"), "output.weight");
+        assert_eq!(
+            gguf_name("model.layers.12.self_attn.q_proj.bias"),
+            "blk.12.attn_q.bias"
+        );
+        assert_eq!(
+            gguf_name("model.layers.0.post_attention_layernorm.weight"),
+            "blk.0.ffn_norm.weight"
+        );
+        assert_eq!(gguf_name("model.layers.3.mlp.down_proj.weight"), "blk.3.ffn_down.weight");
+    }
+}

@@ -1,0 +1,174 @@
+//! The engine's central promise: logits computed with a reused KV prefix equal
+//! those of a fresh cache, for every shape of overlap between prompts.
+
+use crate::common::{write_tiny_model, TinyArch, TINY_CONTEXT, TINY_VOCAB};
+use prism::engine::source::ModelSource;
+use prism::engine::{Engine, GenerateOptions, LoadOptions};
+use rand::{Rng, SeedableRng};
+
+const TOLERANCE: f32 = 1e-4;
+
+fn load_tiny(arch: TinyArch, dir: &tempfile::TempDir) -> Engine {
+    write_tiny_model(dir.path(), arch, 17);
+    let source = ModelSource::HfDir {
+        dir: dir.path().to_path_buf(),
+        name: format!("tiny-{arch:?}"),
+    };
+    Engine::load(&source, &LoadOptions::default()).expect("tiny model loads")
+}
+
+fn max_abs_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
+    let a = a.to_vec1::<f32>().unwrap();
+    let b = b.to_vec1::<f32>().unwrap();
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Between `lengths.start` and `lengths.end - 1` random word ids.
+fn random_tokens(rng: &mut rand::rngs::StdRng, lengths: std::ops::Range<usize>) -> Vec<u32> {
+    let len = rng.random_range(lengths);
+    (0..len).map(|_| rng.random_range(2..TINY_VOCAB as u32)).collect()
+}
+
+/// Run `second` after `first` on the caching engine and on a fresh one, and
+/// compare the logits; returns the reused token count.
+fn check_pair(cached: &mut Engine, fresh: &mut Engine, first: &[u32], second: &[u32]) -> usize {
+    cached.prefill(first).unwrap();
+    let (with_reuse, usage) = cached.prefill(second).unwrap();
+    let (without, fresh_usage) = fresh.prefill(second).unwrap();
+    assert_eq!(fresh_usage.reused_tokens, 0);
+    let diff = max_abs_diff(&with_reuse, &without);
+    assert!(diff <= TOLERANCE, "logits differ by {diff} for {first:?} then {second:?}");
+    usage.reused_tokens
+}
+
+fn expected_reuse(first: &[u32], second: &[u32]) -> usize {
+    let common = first.iter().zip(second).take_while(|(a, b)| a == b).count();
+    common.min(second.len() - 1)
+}
+
+fn reuse_matches_fresh_cache(arch: TinyArch) {
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut cached = load_tiny(arch, &dir_a);
+    let mut fresh = load_tiny(arch, &dir_b);
+    fresh.set_prefix_cache(false);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2024);
+    for round in 0..40 {
+        let first = random_tokens(&mut rng, 1..80);
+        let second = match round % 4 {
+            // The identical prompt: everything cached, the last token re-run for logits.
+            0 => first.clone(),
+            // Nothing in common.
+            1 => {
+                let mut other = random_tokens(&mut rng, 1..60);
+                other[0] = if first[0] == 2 { 3 } else { 2 };
+                other
+            }
+            // Shorter than what is cached: a strict prefix of the first prompt.
+            2 => first[..rng.random_range(1..=first.len())].to_vec(),
+            // A shared prefix and a new tail longer than one prefill batch would be in a real model.
+            _ => {
+                let keep = rng.random_range(0..=first.len());
+                let mut second = first[..keep].to_vec();
+                second.extend(random_tokens(&mut rng, 1..100));
+                second
+            }
+        };
+        let reused = check_pair(&mut cached, &mut fresh, &first, &second);
+        assert_eq!(reused, expected_reuse(&first, &second), "round {round}");
+    }
+}
+
+#[test]
+fn llama_logits_with_reuse_equal_a_fresh_cache() {
+    reuse_matches_fresh_cache(TinyArch::Llama);
+}
+
+#[test]
+fn qwen2_logits_with_reuse_equal_a_fresh_cache() {
+    reuse_matches_fresh_cache(TinyArch::Qwen2);
+}
+
+#[test]
+fn reuse_after_generation_covers_the_generated_tokens() {
+    for arch in [TinyArch::Llama, TinyArch::Qwen2] {
+        let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut cached = load_tiny(arch, &dir_a);
+        let mut fresh = load_tiny(arch, &dir_b);
+        fresh.set_prefix_cache(false);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for _ in 0..5 {
+            let prompt = random_tokens(&mut rng, 2..40);
+            let options = GenerateOptions {
+                max_tokens: 12,
+                ..GenerateOptions::default()
+            };
+            let generation = cached.generate(&prompt, &options).unwrap();
+            // The cache holds the prompt and every generated token that was fed back.
+            let mut follow_up = prompt.clone();
+            follow_up.extend(&generation.tokens);
+            follow_up.extend(random_tokens(&mut rng, 5..6));
+            let (with_reuse, usage) = cached.prefill(&follow_up).unwrap();
+            let fed_back = generation.usage.decode_steps;
+            assert_eq!(usage.reused_tokens, prompt.len() + fed_back);
+            let (without, _) = fresh.prefill(&follow_up).unwrap();
+            assert!(max_abs_diff(&with_reuse, &without) <= TOLERANCE);
+        }
+    }
+}
+
+#[test]
+fn greedy_generation_is_the_same_with_and_without_reuse() {
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut cached = load_tiny(TinyArch::Llama, &dir_a);
+    let mut fresh = load_tiny(TinyArch::Llama, &dir_b);
+    fresh.set_prefix_cache(false);
+    let options = GenerateOptions {
+        max_tokens: 20,
+        ..GenerateOptions::default()
+    };
+    let prompt: Vec<u32> = (2..40).collect();
+    cached.generate(&prompt[..30], &options).unwrap();
+    let with_reuse = cached.generate(&prompt, &options).unwrap();
+    let without = fresh.generate(&prompt, &options).unwrap();
+    assert_eq!(with_reuse.tokens, without.tokens);
+    assert_eq!(with_reuse.usage.reused_tokens, 30);
+}
+
+#[test]
+fn a_prompt_longer_than_the_context_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = load_tiny(TinyArch::Qwen2, &dir);
+    let prompt: Vec<u32> = (0..TINY_CONTEXT + 1).map(|i| 2 + (i % 60) as u32).collect();
+    let err = engine.prefill(&prompt).unwrap_err();
+    assert!(matches!(err, prism::Error::PromptTooLong { .. }), "{err}");
+    // The engine is still usable afterwards.
+    engine.prefill(&prompt[..10]).unwrap();
+}
+
+#[test]
+fn an_unknown_architecture_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), TinyArch::Llama, 1);
+    let config = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+    std::fs::write(dir.path().join("config.json"), config.replace("\"llama\"", "\"gpt_neox\"")).unwrap();
+    let source = ModelSource::HfDir {
+        dir: dir.path().to_path_buf(),
+        name: "odd".into(),
+    };
+    let err = Engine::load(&source, &LoadOptions::default()).err().unwrap();
+    assert!(err.to_string().contains("unsupported architecture `gpt_neox`"), "{err}");
+}
+
+#[test]
+fn a_corrupt_gguf_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("broken.gguf");
+    std::fs::write(&path, b"GGUF\x03\x00\x00\x00 this is not a model").unwrap();
+    let source = ModelSource::Gguf {
+        path: path.clone(),
+        name: "broken".into(),
+    };
+    let err = Engine::load(&source, &LoadOptions::default()).err().unwrap();
+    assert!(matches!(err, prism::Error::BadModelFile { .. }), "{err}");
+}
