@@ -1,0 +1,138 @@
+//! GGUF tokenizers agree with llama.cpp, id for id, on the texts recorded in
+//! `tests/fixtures/llama_cpp_tokens.json` (written by `scripts/llama-cpp-tokens.py`).
+
+use prism::engine::tokenizer::Tokenizer;
+use serde::Deserialize;
+
+use crate::common;
+
+const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+#[derive(Deserialize)]
+struct Fixture {
+    generated_by: String,
+    models: std::collections::BTreeMap<String, Model>,
+}
+
+#[derive(Deserialize)]
+struct Model {
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    text: String,
+    /// The text contains special tokens, so it does not decode back to itself with them
+    /// skipped (and llama.cpp's ids for it count the specials as one id each).
+    #[serde(default)]
+    special: bool,
+    ids: Vec<u32>,
+}
+
+fn fixture() -> Fixture {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/llama_cpp_tokens.json"
+    );
+    let text = std::fs::read_to_string(path).expect("read the llama.cpp fixture");
+    serde_json::from_str(&text).expect("parse the llama.cpp fixture")
+}
+
+fn gguf_tokenizer(path: &std::path::Path) -> Tokenizer {
+    let mut file = std::fs::File::open(path).expect("open the GGUF file");
+    let content =
+        candle_core::quantized::gguf_file::Content::read(&mut file).expect("read GGUF metadata");
+    Tokenizer::from_gguf(&content, &path.display().to_string()).expect("build the tokenizer")
+}
+
+/// Every case of one model: same ids as llama.cpp, and ordinary text decodes to itself.
+fn check_model(file_name: &str, model: &Model, generated_by: &str) {
+    let tokenizer = gguf_tokenizer(&common::fetched_model(file_name));
+    let mut mismatches = Vec::new();
+    for case in &model.cases {
+        let ids = tokenizer.encode(&case.text).expect("encode");
+        if ids != case.ids {
+            mismatches.push(format!(
+                "{:?}\n  prism:     {ids:?}\n  llama.cpp: {:?}",
+                case.text, case.ids
+            ));
+        }
+        if !case.special {
+            let text = tokenizer.decode(&ids, false).expect("decode");
+            assert_eq!(text, case.text, "{file_name}: decode(encode(text)) != text");
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "{file_name}: {} of {} cases differ from {generated_by}:\n{}",
+        mismatches.len(),
+        model.cases.len(),
+        mismatches.join("\n")
+    );
+}
+
+#[test]
+fn gguf_tokenizers_match_llama_cpp() {
+    let fixture = fixture();
+    assert!(
+        fixture.models.contains_key(SMOLLM2),
+        "the fixture lacks {SMOLLM2}"
+    );
+    for (file_name, model) in &fixture.models {
+        let present = prism::engine::source::models_dir()
+            .join(file_name)
+            .is_file();
+        if file_name != SMOLLM2 && !present {
+            eprintln!(
+                "note: skipping the llama.cpp comparison for {file_name}: the model was not \
+                 fetched (run scripts/setup to fetch it; CI fetches every model)"
+            );
+            continue;
+        }
+        check_model(file_name, model, &fixture.generated_by);
+    }
+}
+
+#[test]
+fn smollm2_gguf_facts() {
+    let tokenizer = gguf_tokenizer(&common::fetched_model(SMOLLM2));
+    assert_eq!(tokenizer.bos_token(), Some("<|im_start|>"));
+    assert_eq!(tokenizer.bos_token_id(), Some(1));
+    assert_eq!(tokenizer.eos_token(), Some("<|im_end|>"));
+    assert_eq!(tokenizer.stop_token_ids(), [0, 2]);
+    assert!(!tokenizer.add_bos());
+    assert_eq!(tokenizer.vocab_size(), 49152);
+    assert!(tokenizer
+        .chat_template()
+        .is_some_and(|t| t.contains("<|im_start|>")));
+    // Special tokens written in the text are one id each, and skip_special drops them.
+    let ids = tokenizer
+        .encode("<|im_start|>user\nHi<|im_end|>")
+        .expect("encode");
+    assert_eq!(ids.first(), Some(&1));
+    assert_eq!(ids.last(), Some(&2));
+    assert_eq!(tokenizer.decode(&ids, true).expect("decode"), "user\nHi");
+}
+
+#[test]
+fn qwen25_gguf_facts() {
+    let file_name = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+    if !prism::engine::source::models_dir()
+        .join(file_name)
+        .is_file()
+    {
+        eprintln!("note: skipping qwen25_gguf_facts: {file_name} was not fetched");
+        return;
+    }
+    let tokenizer = gguf_tokenizer(&common::fetched_model(file_name));
+    assert_eq!(tokenizer.bos_token(), Some("<|endoftext|>"));
+    assert_eq!(tokenizer.bos_token_id(), Some(151643));
+    assert_eq!(tokenizer.eos_token(), Some("<|im_end|>"));
+    assert_eq!(tokenizer.stop_token_ids(), [151643, 151645]);
+    assert!(!tokenizer.add_bos());
+    assert_eq!(tokenizer.vocab_size(), 151936);
+    // `<tool_call>` is user-defined: one id, and kept when special tokens are skipped.
+    let ids = tokenizer.encode("<|im_start|><tool_call>").expect("encode");
+    assert_eq!(ids, [151644, 151657]);
+    assert_eq!(tokenizer.decode(&ids, true).expect("decode"), "<tool_call>");
+}
