@@ -115,3 +115,29 @@ fn tiny_tokenizer_json() -> String {
     })
     .to_string()
 }
+
+/// The `prism` binary built for these tests.
+pub fn prism() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_prism"))
+}
+
+/// Run `prism` and return (exit success, stdout, stderr).
+pub fn run_prism(args: &[&str]) -> (bool, String, String) {
+    let output = prism().args(args).output().expect("prism runs");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Assert a failed run printed exactly one line, an `error:` line containing `needle`, and no panic.
+pub fn assert_one_error_line(result: &(bool, String, String), needle: &str) {
+    let (success, _, stderr) = result;
+    assert!(!success, "expected failure, stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "panicked: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one error line, got: {stderr}");
+    assert!(lines[0].starts_with("error: "), "{stderr}");
+    assert!(lines[0].contains(needle), "`{needle}` not in: {stderr}");
+}

@@ -1,5 +1,6 @@
 //! One integration-test binary; each module covers one capability.
 
 mod common;
+mod cli;
 mod engine;
 mod tokens;

@@ -1,5 +1,6 @@
 //! Subcommands and the flags they share.
 
+mod bench_engine;
 mod generate;
 mod models;
 
@@ -25,6 +26,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// List or fetch the known models.
     Models(models::ModelsArgs),
+    /// Measure prefill and decode speed and the gain from a cached prefix.
+    BenchEngine(bench_engine::BenchEngineArgs),
 }
 
 pub fn run() -> Result<()> {
@@ -39,6 +42,7 @@ pub fn run() -> Result<()> {
             generate::run(args, sub)
         }
         Command::Models(args) => models::run(args),
+        Command::BenchEngine(args) => bench_engine::run(args),
     }
 }
 

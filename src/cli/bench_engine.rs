@@ -1,0 +1,56 @@
+//! `prism bench-engine`: prefill and decode speed at several context lengths,
+//! and the time saved by a cached 90% prefix.
+
+use super::EngineArgs;
+use anyhow::Result;
+use clap::Args;
+use prism::bench::engine::measure;
+
+#[derive(Debug, Args)]
+pub struct BenchEngineArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Context lengths to measure at, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "512,2048")]
+    context: Vec<usize>,
+    /// Single-token steps timed for decode.
+    #[arg(long, default_value_t = 32)]
+    decode_steps: usize,
+    /// Runs per figure; the best is kept.
+    #[arg(long, default_value_t = 2)]
+    repeats: usize,
+    /// Print one JSON object per context length.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: BenchEngineArgs) -> Result<()> {
+    let mut engine = args.engine.load()?;
+    if !args.json {
+        println!("| context | prefill tok/s | decode tok/s | 90% cached (s) | cold (s) | speedup |");
+        println!("|---:|---:|---:|---:|---:|---:|");
+    }
+    for &context in &args.context {
+        anyhow::ensure!(
+            context + args.decode_steps < engine.context_tokens(),
+            "--context {context} plus {} decode steps exceeds the model's context of {}",
+            args.decode_steps,
+            engine.context_tokens()
+        );
+        let figures = measure(&mut engine, context, args.decode_steps, args.repeats)?;
+        if args.json {
+            println!("{}", serde_json::to_string(&figures)?);
+        } else {
+            println!(
+                "| {} | {:.1} | {:.1} | {:.3} | {:.3} | {:.1}× |",
+                figures.context_tokens,
+                figures.prefill_tokens_per_second,
+                figures.decode_tokens_per_second,
+                figures.warm_90_seconds,
+                figures.cold_seconds,
+                figures.cold_seconds / figures.warm_90_seconds,
+            );
+        }
+    }
+    Ok(())
+}
