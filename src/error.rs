@@ -19,6 +19,9 @@ pub enum Error {
     #[error("unknown model `{name}`: not a manifest name (see `prism models list`), an existing path, or an owner/name repo id")]
     UnknownModel { name: String },
 
+    #[error("{model}: not fetched yet (expected {path}): run `prism models fetch {model}`")]
+    NotFetched { model: String, path: PathBuf },
+
     #[error("{model}: unsupported architecture `{architecture}` (prism runs llama and qwen2)")]
     UnsupportedArchitecture { model: String, architecture: String },
 
