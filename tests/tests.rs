@@ -1,6 +1,7 @@
 //! One integration-test binary; each module covers one capability.
 
-mod common;
 mod cli;
+mod common;
 mod engine;
+mod source;
 mod tokens;
