@@ -4,7 +4,13 @@ use crate::common::{assert_one_error_line, run_prism, write_tiny_model, TinyArch
 
 #[test]
 fn a_missing_model_file_is_one_error_line() {
-    let result = run_prism(&["generate", "--model", "/nonexistent/model.gguf", "--prompt", "hi"]);
+    let result = run_prism(&[
+        "generate",
+        "--model",
+        "/nonexistent/model.gguf",
+        "--prompt",
+        "hi",
+    ]);
     assert_one_error_line(&result, "/nonexistent/model.gguf");
 }
 
@@ -13,7 +19,13 @@ fn a_corrupt_gguf_is_one_error_line() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("corrupt.gguf");
     std::fs::write(&path, vec![0xAB; 4096]).unwrap();
-    let result = run_prism(&["generate", "--model", path.to_str().unwrap(), "--prompt", "hi"]);
+    let result = run_prism(&[
+        "generate",
+        "--model",
+        path.to_str().unwrap(),
+        "--prompt",
+        "hi",
+    ]);
     assert_one_error_line(&result, "not a usable model file");
 }
 
@@ -24,7 +36,13 @@ fn an_unknown_architecture_is_one_error_line() {
     let config_path = dir.path().join("config.json");
     let config = std::fs::read_to_string(&config_path).unwrap();
     std::fs::write(&config_path, config.replace("\"llama\"", "\"mamba\"")).unwrap();
-    let result = run_prism(&["generate", "--model", dir.path().to_str().unwrap(), "--prompt", "w2"]);
+    let result = run_prism(&[
+        "generate",
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--prompt",
+        "w2",
+    ]);
     assert_one_error_line(&result, "unsupported architecture `mamba`");
 }
 
@@ -39,7 +57,10 @@ fn a_prompt_longer_than_the_context_is_one_error_line() {
     assert!(stdout.is_empty());
     let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "{stderr}");
-    assert!(errors[0].contains("do not fit the model's context of 256 tokens"), "{stderr}");
+    assert!(
+        errors[0].contains("do not fit the model's context of 256 tokens"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("panicked"));
 }
 
@@ -50,7 +71,13 @@ fn a_binary_prompt_file_is_refused() {
     let binary = dir.path().join("blob.bin");
     std::fs::write(&binary, [0xff, 0xfe, 0x00, 0x41]).unwrap();
     let model = dir.path().to_str().unwrap();
-    let result = run_prism(&["generate", "--model", model, "--prompt-file", binary.to_str().unwrap()]);
+    let result = run_prism(&[
+        "generate",
+        "--model",
+        model,
+        "--prompt-file",
+        binary.to_str().unwrap(),
+    ]);
     assert_one_error_line(&result, "not UTF-8 text");
 }
 
@@ -62,11 +89,22 @@ fn generate_json_reports_every_call_and_the_total() {
     let first = "w2 w3 w4 w5 w6 w7 w8 w9";
     let second = "w2 w3 w4 w5 w6 w7 w8 w9 w10 w11";
     let (success, stdout, stderr) = run_prism(&[
-        "generate", "--model", model, "--prompt", first, "--prompt", second, "--max-tokens", "3", "--json",
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        first,
+        "--prompt",
+        second,
+        "--max-tokens",
+        "3",
+        "--json",
     ]);
     assert!(success, "{stderr}");
-    let lines: Vec<serde_json::Value> =
-        stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), 3);
     assert_eq!(lines[0]["prompt_tokens"], 8);
     assert_eq!(lines[0]["reused_tokens"], 0);
@@ -74,7 +112,14 @@ fn generate_json_reports_every_call_and_the_total() {
     assert_eq!(lines[1]["prompt_tokens"], 10);
     assert_eq!(lines[1]["reused_tokens"], 8);
     assert_eq!(lines[1]["net_tokens"], 2);
-    for key in ["text", "output_tokens", "cache_hit_rate", "cost_index", "prefill_tokens_per_second", "decode_tokens_per_second"] {
+    for key in [
+        "text",
+        "output_tokens",
+        "cache_hit_rate",
+        "cost_index",
+        "prefill_tokens_per_second",
+        "decode_tokens_per_second",
+    ] {
         assert!(lines[1].get(key).is_some(), "missing {key}");
     }
     assert_eq!(lines[2]["calls"], 2);
@@ -87,7 +132,17 @@ fn no_prefix_cache_recomputes_everything() {
     write_tiny_model(dir.path(), TinyArch::Qwen2, 3);
     let model = dir.path().to_str().unwrap();
     let (success, stdout, stderr) = run_prism(&[
-        "generate", "--model", model, "--prompt", "w2 w3 w4", "--prompt", "w2 w3 w4 w5", "--max-tokens", "2", "--json", "--no-prefix-cache",
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        "w2 w3 w4",
+        "--prompt",
+        "w2 w3 w4 w5",
+        "--max-tokens",
+        "2",
+        "--json",
+        "--no-prefix-cache",
     ]);
     assert!(success, "{stderr}");
     let total: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();

@@ -32,7 +32,8 @@ pub fn write_tiny_model(dir: &std::path::Path, arch: TinyArch, seed: u64) {
     use rand::{Rng, SeedableRng};
     use std::collections::HashMap;
 
-    let (hidden, intermediate, layers, heads, kv_heads) = (32usize, 64usize, 2usize, 4usize, 2usize);
+    let (hidden, intermediate, layers, heads, kv_heads) =
+        (32usize, 64usize, 2usize, 4usize, 2usize);
     let head_dim = hidden / heads;
     let model_type = match arch {
         TinyArch::Llama => "llama",
@@ -60,7 +61,10 @@ pub fn write_tiny_model(dir: &std::path::Path, arch: TinyArch, seed: u64) {
         Tensor::from_vec(data, dims, &Device::Cpu).unwrap()
     };
     let mut weights: HashMap<String, Tensor> = HashMap::new();
-    weights.insert("model.embed_tokens.weight".into(), tensor(&[TINY_VOCAB, hidden], 1.0));
+    weights.insert(
+        "model.embed_tokens.weight".into(),
+        tensor(&[TINY_VOCAB, hidden], 1.0),
+    );
     for layer in 0..layers {
         let p = format!("model.layers.{layer}");
         let shapes = [
@@ -73,15 +77,28 @@ pub fn write_tiny_model(dir: &std::path::Path, arch: TinyArch, seed: u64) {
             ("mlp.down_proj", hidden, intermediate),
         ];
         for (name, out_dim, in_dim) in shapes {
-            weights.insert(format!("{p}.{name}.weight"), tensor(&[out_dim, in_dim], 0.3));
+            weights.insert(
+                format!("{p}.{name}.weight"),
+                tensor(&[out_dim, in_dim], 0.3),
+            );
         }
         if matches!(arch, TinyArch::Qwen2) {
-            for (name, dim) in [("q_proj", heads * head_dim), ("k_proj", kv_heads * head_dim), ("v_proj", kv_heads * head_dim)] {
+            for (name, dim) in [
+                ("q_proj", heads * head_dim),
+                ("k_proj", kv_heads * head_dim),
+                ("v_proj", kv_heads * head_dim),
+            ] {
                 weights.insert(format!("{p}.self_attn.{name}.bias"), tensor(&[dim], 0.3));
             }
         }
-        weights.insert(format!("{p}.input_layernorm.weight"), tensor(&[hidden], 1.0));
-        weights.insert(format!("{p}.post_attention_layernorm.weight"), tensor(&[hidden], 1.0));
+        weights.insert(
+            format!("{p}.input_layernorm.weight"),
+            tensor(&[hidden], 1.0),
+        );
+        weights.insert(
+            format!("{p}.post_attention_layernorm.weight"),
+            tensor(&[hidden], 1.0),
+        );
     }
     weights.insert("model.norm.weight".into(), tensor(&[hidden], 1.0));
     if matches!(arch, TinyArch::Llama) {

@@ -21,13 +21,18 @@ fn max_abs_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
     let a = a.to_vec1::<f32>().unwrap();
     let b = b.to_vec1::<f32>().unwrap();
     assert_eq!(a.len(), b.len());
-    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 /// Between `lengths.start` and `lengths.end - 1` random word ids.
 fn random_tokens(rng: &mut rand::rngs::StdRng, lengths: std::ops::Range<usize>) -> Vec<u32> {
     let len = rng.random_range(lengths);
-    (0..len).map(|_| rng.random_range(2..TINY_VOCAB as u32)).collect()
+    (0..len)
+        .map(|_| rng.random_range(2..TINY_VOCAB as u32))
+        .collect()
 }
 
 /// Run `second` after `first` on the caching engine and on a fresh one, and
@@ -38,7 +43,10 @@ fn check_pair(cached: &mut Engine, fresh: &mut Engine, first: &[u32], second: &[
     let (without, fresh_usage) = fresh.prefill(second).unwrap();
     assert_eq!(fresh_usage.reused_tokens, 0);
     let diff = max_abs_diff(&with_reuse, &without);
-    assert!(diff <= TOLERANCE, "logits differ by {diff} for {first:?} then {second:?}");
+    assert!(
+        diff <= TOLERANCE,
+        "logits differ by {diff} for {first:?} then {second:?}"
+    );
     usage.reused_tokens
 }
 
@@ -151,13 +159,23 @@ fn an_unknown_architecture_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_model(dir.path(), TinyArch::Llama, 1);
     let config = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
-    std::fs::write(dir.path().join("config.json"), config.replace("\"llama\"", "\"gpt_neox\"")).unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        config.replace("\"llama\"", "\"gpt_neox\""),
+    )
+    .unwrap();
     let source = ModelSource::HfDir {
         dir: dir.path().to_path_buf(),
         name: "odd".into(),
     };
-    let err = Engine::load(&source, &LoadOptions::default()).err().unwrap();
-    assert!(err.to_string().contains("unsupported architecture `gpt_neox`"), "{err}");
+    let err = Engine::load(&source, &LoadOptions::default())
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string()
+            .contains("unsupported architecture `gpt_neox`"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -169,6 +187,8 @@ fn a_corrupt_gguf_is_a_clear_error() {
         path: path.clone(),
         name: "broken".into(),
     };
-    let err = Engine::load(&source, &LoadOptions::default()).err().unwrap();
+    let err = Engine::load(&source, &LoadOptions::default())
+        .err()
+        .unwrap();
     assert!(matches!(err, prism::Error::BadModelFile { .. }), "{err}");
 }

@@ -3,5 +3,6 @@
 mod cli;
 mod common;
 mod engine;
+mod smollm2;
 mod source;
 mod tokens;

@@ -27,7 +27,9 @@ pub struct BenchEngineArgs {
 pub fn run(args: BenchEngineArgs) -> Result<()> {
     let mut engine = args.engine.load()?;
     if !args.json {
-        println!("| context | prefill tok/s | decode tok/s | 90% cached (s) | cold (s) | speedup |");
+        println!(
+            "| context | prefill tok/s | decode tok/s | 90% cached (s) | cold (s) | speedup |"
+        );
         println!("|---:|---:|---:|---:|---:|---:|");
     }
     for &context in &args.context {

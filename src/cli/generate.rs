@@ -56,7 +56,10 @@ struct TotalReport {
 
 pub fn run(args: GenerateArgs, matches: &ArgMatches) -> Result<()> {
     let prompts = ordered_prompts(&args, matches)?;
-    anyhow::ensure!(!prompts.is_empty(), "give at least one --prompt or --prompt-file");
+    anyhow::ensure!(
+        !prompts.is_empty(),
+        "give at least one --prompt or --prompt-file"
+    );
     let options = GenerateOptions {
         max_tokens: args.max_tokens,
         sampling: args.sampling.config()?,
@@ -93,7 +96,12 @@ pub fn run(args: GenerateArgs, matches: &ArgMatches) -> Result<()> {
     Ok(())
 }
 
-fn print_call(out: &mut impl Write, call: usize, generation: &Generation, json: bool) -> Result<()> {
+fn print_call(
+    out: &mut impl Write,
+    call: usize,
+    generation: &Generation,
+    json: bool,
+) -> Result<()> {
     let figures = Figures::of(&generation.usage);
     if json {
         let report = CallReport {
@@ -146,6 +154,10 @@ pub fn read_text(path: &std::path::Path) -> Result<String> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let text = String::from_utf8(bytes)
         .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text ({e})", path.display()))?;
-    anyhow::ensure!(!text.contains('\0'), "{}: binary file (contains NUL bytes)", path.display());
+    anyhow::ensure!(
+        !text.contains('\0'),
+        "{}: binary file (contains NUL bytes)",
+        path.display()
+    );
     Ok(text)
 }

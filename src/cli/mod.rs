@@ -14,7 +14,11 @@ use prism::engine::{Engine, LoadOptions};
 use std::time::Instant;
 
 #[derive(Debug, Parser)]
-#[command(name = "prism", version, about = "Summarize long documents with local Llama/Qwen models, structured memory and prefix-KV reuse")]
+#[command(
+    name = "prism",
+    version,
+    about = "Summarize long documents with local Llama/Qwen models, structured memory and prefix-KV reuse"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -42,9 +42,12 @@ impl ChatTemplate {
         // Hugging Face templates are written for Jinja2 under Python: they call
         // string methods such as `.strip()` and raise errors through a helper.
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |message: String| -> Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
-        });
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+            },
+        );
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
             .map_err(|e| Error::ChatTemplate {
                 reason: format!("does not compile: {e:#}"),
@@ -98,14 +101,25 @@ mod tests {
     fn python_string_methods_and_raise_exception_work() {
         let source = "{% if messages[0].role != 'user' %}{{ raise_exception('first turn must be user') }}{% endif %}{{ bos_token }}{{ messages[0].content.strip().upper() }}";
         let template = ChatTemplate::new(source, Some("<s>"), None).unwrap();
-        assert_eq!(template.render(&[ChatMessage::user("  hey ")], false).unwrap(), "<s>HEY");
-        let err = template.render(&[ChatMessage::system("x")], false).unwrap_err();
+        assert_eq!(
+            template
+                .render(&[ChatMessage::user("  hey ")], false)
+                .unwrap(),
+            "<s>HEY"
+        );
+        let err = template
+            .render(&[ChatMessage::system("x")], false)
+            .unwrap_err();
         assert!(err.to_string().contains("first turn must be user"), "{err}");
     }
 
     #[test]
     fn a_broken_template_is_a_clear_error() {
         let err = ChatTemplate::new("{% for %}", None, None).err().unwrap();
-        assert!(err.to_string().starts_with("chat template: does not compile"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("chat template: does not compile"),
+            "{err}"
+        );
     }
 }

@@ -95,7 +95,8 @@ impl KvCache {
 
     /// Bytes of key and value storage currently allocated.
     pub fn allocated_bytes(&self) -> usize {
-        let per_layer = 2 * self.capacity * self.kv_heads * self.head_dim * self.dtype.size_in_bytes();
+        let per_layer =
+            2 * self.capacity * self.kv_heads * self.head_dim * self.dtype.size_in_bytes();
         per_layer * self.layers.iter().filter(|layer| layer.is_some()).count()
     }
 
@@ -118,15 +119,28 @@ impl KvCache {
         let shape = (1, capacity, self.kv_heads, self.head_dim);
         for layer in &mut self.layers {
             let grown = LayerCache {
-                keys: Tensor::zeros(shape, self.dtype, &self.device).context("allocating KV cache")?,
+                keys: Tensor::zeros(shape, self.dtype, &self.device)
+                    .context("allocating KV cache")?,
                 values: Tensor::zeros(shape, self.dtype, &self.device)
                     .context("allocating KV cache")?,
             };
             if let Some(old) = layer.as_ref().filter(|_| self.len > 0) {
-                let keys = old.keys.narrow(1, 0, self.len).context("growing KV cache")?;
-                let values = old.values.narrow(1, 0, self.len).context("growing KV cache")?;
-                grown.keys.slice_set(&keys, 1, 0).context("growing KV cache")?;
-                grown.values.slice_set(&values, 1, 0).context("growing KV cache")?;
+                let keys = old
+                    .keys
+                    .narrow(1, 0, self.len)
+                    .context("growing KV cache")?;
+                let values = old
+                    .values
+                    .narrow(1, 0, self.len)
+                    .context("growing KV cache")?;
+                grown
+                    .keys
+                    .slice_set(&keys, 1, 0)
+                    .context("growing KV cache")?;
+                grown
+                    .values
+                    .slice_set(&values, 1, 0)
+                    .context("growing KV cache")?;
             }
             *layer = Some(grown);
         }
@@ -151,8 +165,14 @@ impl KvCache {
             .expect("reserve() allocates every layer before append()");
         let keys = keys.to_dtype(self.dtype).context("KV cache append")?;
         let values = values.to_dtype(self.dtype).context("KV cache append")?;
-        store.keys.slice_set(&keys, 1, self.len).context("KV cache append")?;
-        store.values.slice_set(&values, 1, self.len).context("KV cache append")?;
+        store
+            .keys
+            .slice_set(&keys, 1, self.len)
+            .context("KV cache append")?;
+        store
+            .values
+            .slice_set(&values, 1, self.len)
+            .context("KV cache append")?;
         let total = self.len + seq;
         Ok((
             store.keys.narrow(1, 0, total).context("KV cache read")?,
@@ -177,7 +197,10 @@ mod tests {
 
     fn step(cache: &mut KvCache, tokens: &[u32]) -> Tensor {
         cache.reserve(tokens.len()).unwrap();
-        let values: Vec<f32> = tokens.iter().flat_map(|&t| [t as f32, -(t as f32)]).collect();
+        let values: Vec<f32> = tokens
+            .iter()
+            .flat_map(|&t| [t as f32, -(t as f32)])
+            .collect();
         let kv = Tensor::from_vec(values, (1, tokens.len(), 1, 2), &Device::Cpu).unwrap();
         let mut all = None;
         for layer in 0..2 {
@@ -218,7 +241,10 @@ mod tests {
         step(&mut cache, &[1, 2, 3, 4, 5, 6]);
         assert!(matches!(
             cache.reserve(3),
-            Err(crate::Error::PromptTooLong { context_tokens: 8, .. })
+            Err(crate::Error::PromptTooLong {
+                context_tokens: 8,
+                ..
+            })
         ));
     }
 }

@@ -19,7 +19,7 @@ use candle_core::Tensor;
 use chat::{ChatMessage, ChatTemplate};
 use device::DeviceChoice;
 use kv_cache::KvCache;
-use model::{Config, PrefillWeights, Transformer, WeightFile};
+use model::{Config, Pass, PrefillWeights, Transformer, WeightFile};
 use sampling::{Sampler, SamplingConfig};
 use source::ModelSource;
 use std::path::Path;
@@ -125,10 +125,11 @@ impl Engine {
         match source {
             ModelSource::Gguf { path, name } => {
                 let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-                let content = gguf_file::Content::read(&mut file).map_err(|e| Error::BadModelFile {
-                    path: path.clone(),
-                    reason: format!("cannot read GGUF header: {e}"),
-                })?;
+                let content =
+                    gguf_file::Content::read(&mut file).map_err(|e| Error::BadModelFile {
+                        path: path.clone(),
+                        reason: format!("cannot read GGUF header: {e}"),
+                    })?;
                 let config = Config::from_gguf(&content, path)?;
                 let tokenizer = Tokenizer::from_gguf(&content, name)?;
                 let mut weights = WeightFile::gguf(path, content, file);
@@ -210,9 +211,12 @@ impl Engine {
 
     /// The chat template's text for `messages`, ending with the assistant's turn opener.
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
-        let template = self.chat_template.as_ref().ok_or_else(|| Error::ChatTemplate {
-            reason: format!("{} has no chat template; run without --chat", self.name),
-        })?;
+        let template = self
+            .chat_template
+            .as_ref()
+            .ok_or_else(|| Error::ChatTemplate {
+                reason: format!("{} has no chat template; run without --chat", self.name),
+            })?;
         template.render(messages, true)
     }
 
@@ -220,7 +224,10 @@ impl Engine {
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
         let text = self.render_chat(messages)?;
         // Templates that write BOS themselves must not get a second one.
-        let writes_bos = self.tokenizer.bos_token().is_some_and(|bos| text.starts_with(bos));
+        let writes_bos = self
+            .tokenizer
+            .bos_token()
+            .is_some_and(|bos| text.starts_with(bos));
         let mut ids = Vec::new();
         if self.tokenizer.add_bos() && !writes_bos {
             ids.extend(self.tokenizer.bos_token_id());
@@ -258,7 +265,9 @@ impl Engine {
         let reused = shared.min(prompt.len() - 1);
         self.cache.truncate(reused);
         let start = Instant::now();
-        let logits = self.model.forward(&prompt[reused..], &mut self.cache)?;
+        let logits = self
+            .model
+            .forward(&prompt[reused..], &mut self.cache, Pass::Prompt)?;
         let usage = Usage {
             prompt_tokens: prompt.len(),
             reused_tokens: reused,
@@ -268,8 +277,9 @@ impl Engine {
         Ok((logits, usage))
     }
 
-    /// Append `tokens` to the cached sequence and return the logits after the
-    /// last of them. Benchmarks use it to time decode steps without sampling.
+    /// Append `tokens` to the cached sequence as decode steps and return the
+    /// logits after the last of them. Benchmarks use it to time decode steps
+    /// without sampling.
     pub fn extend(&mut self, tokens: &[u32]) -> Result<Tensor> {
         if self.cache.len() + tokens.len() >= self.context_tokens() {
             return Err(Error::PromptTooLong {
@@ -277,7 +287,7 @@ impl Engine {
                 context_tokens: self.context_tokens(),
             });
         }
-        self.model.forward(tokens, &mut self.cache)
+        self.model.forward(tokens, &mut self.cache, Pass::Decode)
     }
 
     /// Run `prompt` and generate up to `options.max_tokens` tokens after it.
@@ -312,7 +322,9 @@ impl Engine {
             if self.cache.len() + 1 >= self.context_tokens() {
                 break StopReason::ContextFull;
             }
-            logits = self.model.forward(&[token], &mut self.cache)?;
+            logits = self
+                .model
+                .forward(&[token], &mut self.cache, Pass::Decode)?;
             usage.decode_steps += 1;
         };
         usage.decode_seconds = decode_start.elapsed().as_secs_f64();

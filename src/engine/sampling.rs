@@ -128,11 +128,16 @@ mod tests {
         };
         let draw = || {
             let mut sampler = Sampler::new(&config);
-            (0..32).map(|_| sampler.sample(&logits(), &[]).unwrap()).collect::<Vec<_>>()
+            (0..32)
+                .map(|_| sampler.sample(&logits(), &[]).unwrap())
+                .collect::<Vec<_>>()
         };
         let first = draw();
         assert_eq!(first, draw());
-        assert!(first.iter().any(|&t| t != first[0]), "temperature 1 should vary: {first:?}");
+        assert!(
+            first.iter().any(|&t| t != first[0]),
+            "temperature 1 should vary: {first:?}"
+        );
     }
 
     #[test]

@@ -9,8 +9,8 @@ mod transformer;
 mod weights;
 
 pub use transformer::Transformer;
-pub use weights::PrefillWeights;
 pub(crate) use weights::WeightFile;
+pub use weights::{Pass, PrefillWeights};
 
 use crate::error::{Error, Result};
 use candle_core::quantized::gguf_file;

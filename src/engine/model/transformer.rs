@@ -4,7 +4,7 @@
 //! The model holds no state between calls: the caller passes the [`KvCache`],
 //! whose length is the position of the first token given.
 
-use super::weights::{Linear, PrefillWeights, WeightFile};
+use super::weights::{Linear, Pass, PrefillWeights, WeightFile};
 use super::Config;
 use crate::engine::kv_cache::KvCache;
 use crate::error::{CandleContext, Result};
@@ -62,7 +62,8 @@ impl Transformer {
         device: &Device,
     ) -> Result<Self> {
         let c = &config;
-        let (hidden, q_dim, kv_dim) = (c.hidden_size, c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        let (hidden, q_dim, kv_dim) =
+            (c.hidden_size, c.heads * c.head_dim, c.kv_heads * c.head_dim);
         let embed_tokens =
             weights.dense("model.embed_tokens.weight", &[c.vocab_size, hidden], device)?;
         let mut blocks = Vec::with_capacity(c.layers);
@@ -83,7 +84,11 @@ impl Transformer {
                 down_proj: linear("mlp.down_proj", (hidden, c.intermediate_size), false)?,
             };
             blocks.push(Block {
-                input_layernorm: weights.dense(&format!("{p}.input_layernorm.weight"), &[hidden], device)?,
+                input_layernorm: weights.dense(
+                    &format!("{p}.input_layernorm.weight"),
+                    &[hidden],
+                    device,
+                )?,
                 self_attn,
                 post_attention_layernorm: weights.dense(
                     &format!("{p}.post_attention_layernorm.weight"),
@@ -143,14 +148,16 @@ impl Transformer {
     /// Run `tokens` through the model after the positions already in `cache`,
     /// append their keys and values to it, and return the next-token logits
     /// after the last of them, as an f32 vector of `vocab_size`.
-    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
+    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, pass: Pass) -> Result<Tensor> {
         if tokens.is_empty() {
             return Err(crate::Error::invalid("forward", "no tokens to run"));
         }
         cache.reserve(tokens.len())?;
         let mut last_hidden = None;
         for batch in tokens.chunks(PREFILL_BATCH) {
-            let hidden = self.forward_batch(batch, cache).context("forward pass")?;
+            let hidden = self
+                .forward_batch(batch, cache, pass)
+                .context("forward pass")?;
             cache.commit(batch);
             last_hidden = Some(hidden);
         }
@@ -159,7 +166,7 @@ impl Transformer {
         let last = hidden.narrow(1, seq - 1, 1).context("output head")?;
         let normed = candle_nn::ops::rms_norm(&last, &self.norm, self.config.rms_norm_eps as f32)
             .context("output head")?;
-        let logits = self.lm_head.forward(&normed).context("output head")?;
+        let logits = self.lm_head.forward(&normed, pass).context("output head")?;
         logits
             .flatten_all()
             .and_then(|l| l.to_dtype(DType::F32))
@@ -167,7 +174,12 @@ impl Transformer {
     }
 
     /// One batch of tokens through every block; returns the hidden states `(1, seq, hidden)`.
-    fn forward_batch(&self, tokens: &[u32], cache: &mut KvCache) -> candle_core::Result<Tensor> {
+    fn forward_batch(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        pass: Pass,
+    ) -> candle_core::Result<Tensor> {
         let start = cache.len();
         let ids = Tensor::new(tokens, &self.device)?;
         let mut x = self.embed_tokens.index_select(&ids, 0)?.unsqueeze(0)?;
@@ -175,10 +187,11 @@ impl Transformer {
         let eps = self.config.rms_norm_eps as f32;
         for (layer, block) in self.blocks.iter().enumerate() {
             let normed = candle_nn::ops::rms_norm(&x, &block.input_layernorm, eps)?;
-            let attended = self.attention(&block.self_attn, &normed, layer, &cos, &sin, cache)?;
+            let attended =
+                self.attention(&block.self_attn, &normed, layer, (&cos, &sin), cache, pass)?;
             x = (x + attended)?;
             let normed = candle_nn::ops::rms_norm(&x, &block.post_attention_layernorm, eps)?;
-            x = (x + block.mlp.forward(&normed)?)?;
+            x = (x + block.mlp.forward(&normed, pass)?)?;
         }
         Ok(x)
     }
@@ -188,20 +201,26 @@ impl Transformer {
         attn: &Attention,
         x: &Tensor,
         layer: usize,
-        cos: &Tensor,
-        sin: &Tensor,
+        (cos, sin): (&Tensor, &Tensor),
         cache: &mut KvCache,
+        pass: Pass,
     ) -> candle_core::Result<Tensor> {
         let c = &self.config;
         let seq = x.dim(1)?;
         let start = cache.len();
         // 1. Project: (1, seq, heads * head_dim).
-        let q = attn.q_proj.forward(x)?;
-        let k = attn.k_proj.forward(x)?;
-        let v = attn.v_proj.forward(x)?;
+        let q = attn.q_proj.forward(x, pass)?;
+        let k = attn.k_proj.forward(x, pass)?;
+        let v = attn.v_proj.forward(x, pass)?;
         // 2. RoPE works on (1, heads, seq, head_dim).
-        let q = q.reshape((1, seq, c.heads, c.head_dim))?.transpose(1, 2)?.contiguous()?;
-        let k = k.reshape((1, seq, c.kv_heads, c.head_dim))?.transpose(1, 2)?.contiguous()?;
+        let q = q
+            .reshape((1, seq, c.heads, c.head_dim))?
+            .transpose(1, 2)?
+            .contiguous()?;
+        let k = k
+            .reshape((1, seq, c.kv_heads, c.head_dim))?
+            .transpose(1, 2)?
+            .contiguous()?;
         let q = self.rope.apply(&q, cos, sin)?;
         let k = self.rope.apply(&k, cos, sin)?;
         // 3. Cache and attention work on (1, seq, heads, head_dim).
@@ -214,20 +233,30 @@ impl Transformer {
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         // 4. Attend: (1, heads, seq, head_dim), then back to (1, seq, heads * head_dim).
         let out = if self.device.is_cpu() {
-            flash_attn::<f32>(&q, &keys, &values, scale, AttnMask::causal_with_offset(start), None, None)?
+            flash_attn::<f32>(
+                &q,
+                &keys,
+                &values,
+                scale,
+                AttnMask::causal_with_offset(start),
+                None,
+                None,
+            )?
         } else {
             attention_reference(&q, &keys, &values, scale, start, c.heads / c.kv_heads)?
         };
-        let out = out.transpose(1, 2)?.reshape((1, seq, c.heads * c.head_dim))?;
-        attn.o_proj.forward(&out)
+        let out = out
+            .transpose(1, 2)?
+            .reshape((1, seq, c.heads * c.head_dim))?;
+        attn.o_proj.forward(&out, pass)
     }
 }
 
 impl Mlp {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let gate = candle_nn::ops::silu(&self.gate_proj.forward(x)?)?;
-        let up = self.up_proj.forward(x)?;
-        self.down_proj.forward(&(gate * up)?)
+    fn forward(&self, x: &Tensor, pass: Pass) -> candle_core::Result<Tensor> {
+        let gate = candle_nn::ops::silu(&self.gate_proj.forward(x, pass)?)?;
+        let up = self.up_proj.forward(x, pass)?;
+        self.down_proj.forward(&(gate * up)?, pass)
     }
 }
 
@@ -235,7 +264,11 @@ impl Rope {
     fn new(config: &Config, device: &Device) -> Result<Self> {
         let half = config.head_dim / 2;
         let inv_freq: Vec<f32> = (0..half)
-            .map(|i| (1.0 / config.rope_theta.powf(2.0 * i as f64 / config.head_dim as f64)) as f32)
+            .map(|i| {
+                (1.0 / config
+                    .rope_theta
+                    .powf(2.0 * i as f64 / config.head_dim as f64)) as f32
+            })
             .collect();
         let tables = || -> candle_core::Result<(Tensor, Tensor)> {
             let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
@@ -255,7 +288,10 @@ impl Rope {
 
     /// The tables for positions `start..start + len`.
     fn at(&self, start: usize, len: usize) -> candle_core::Result<(Tensor, Tensor)> {
-        Ok((self.cos.narrow(0, start, len)?, self.sin.narrow(0, start, len)?))
+        Ok((
+            self.cos.narrow(0, start, len)?,
+            self.sin.narrow(0, start, len)?,
+        ))
     }
 
     /// Rotate `x` of shape `(1, heads, seq, head_dim)`.
@@ -288,10 +324,17 @@ fn attention_reference(
     let scores = (q.matmul(&keys.t()?)? * f64::from(scale))?;
     // Query i sits at position start + i and sees keys 0..=start + i.
     let mask: Vec<f32> = (0..seq)
-        .flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY }))
+        .flat_map(|i| {
+            (0..total).map(move |j| {
+                if j <= start + i {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
         .collect();
     let mask = Tensor::from_vec(mask, (seq, total), q.device())?.to_dtype(scores.dtype())?;
     let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
     probs.matmul(&values.contiguous()?)
 }
-

@@ -6,7 +6,7 @@
 //! Q5_0 and Q5_1, which is what small models (576- or 896-wide rows, too narrow
 //! for K-quants) are stored in. So at load time:
 //! - slow quantized types are re-quantized to Q8_0 for single-token steps (decode);
-//! - for multi-token steps (prefill) a dense f32 copy runs a GEMM, which beats every
+//! - for prompt tokens (prefill) a dense f32 copy runs a GEMM, which beats every
 //!   quantized kernel, when [`PrefillWeights::Dense`] is chosen.
 
 use crate::error::{CandleContext, Error, Result};
@@ -17,7 +17,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Which weights multi-token forward passes use.
+/// Which weights prompt (prefill) passes use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PrefillWeights {
@@ -27,22 +27,34 @@ pub enum PrefillWeights {
     Quantized,
 }
 
-/// A matmul weight, with an optional dense copy for prefill, and an optional bias.
+/// Which phase a forward pass belongs to; it picks the weights every matmul uses.
+///
+/// The choice follows the phase, not the number of tokens, so that a prompt
+/// token's keys, values and logits come out the same whether it is encoded in
+/// one batch, after a cached prefix, or alone as the last uncached token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    /// Encoding prompt tokens.
+    Prompt,
+    /// Feeding back a generated token.
+    Decode,
+}
+
+/// A matmul weight, with an optional dense copy for prompts, and an optional bias.
 #[derive(Debug, Clone)]
 pub(crate) struct Linear {
-    /// Used for single-token steps, and for every step when `dense` is absent.
+    /// Used for decode steps, and for prompts too when `dense` is absent.
     weight: QMatMul,
-    /// `(out, in)` in f32, used when more than one token goes through at once.
+    /// `(out, in)` in f32, used for prompt tokens.
     dense: Option<Tensor>,
     bias: Option<Tensor>,
 }
 
 impl Linear {
     /// `x` is `(1, seq, in)`; the result is `(1, seq, out)`.
-    pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let seq = x.dim(1)?;
-        let y = match &self.dense {
-            Some(dense) if seq > 1 => x.squeeze(0)?.matmul(&dense.t()?)?.unsqueeze(0)?,
+    pub(crate) fn forward(&self, x: &Tensor, pass: Pass) -> candle_core::Result<Tensor> {
+        let y = match (&self.dense, pass) {
+            (Some(dense), Pass::Prompt) => dense_matmul(&x.squeeze(0)?, dense)?.unsqueeze(0)?,
             _ => self.weight.forward(x)?,
         };
         match &self.bias {
@@ -50,6 +62,20 @@ impl Linear {
             None => Ok(y),
         }
     }
+}
+
+/// `x (rows, in) · weightᵀ` with a summation order that does not depend on `rows`.
+///
+/// The GEMM library takes a GEMV shortcut for a single row, whose float sums
+/// come out in a different order; a lone prompt token (a prompt that is cached
+/// but for its last token) would then get slightly different logits than the
+/// same token inside a longer batch. Doubling the row keeps it on the GEMM path.
+fn dense_matmul(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
+    if x.dim(0)? == 1 {
+        let doubled = Tensor::cat(&[x, x], 0)?;
+        return doubled.matmul(&weight.t()?)?.narrow(0, 0, 1);
+    }
+    x.matmul(&weight.t()?)
 }
 
 /// An open model file, from which tensors are read by their Hugging Face names.
@@ -78,12 +104,11 @@ impl WeightFile {
     pub(crate) fn safetensors(dir: &Path, files: &[PathBuf], device: &Device) -> Result<Self> {
         let mut tensors = HashMap::new();
         for file in files {
-            let loaded = candle_core::safetensors::load(file, device).map_err(|e| {
-                Error::BadModelFile {
+            let loaded =
+                candle_core::safetensors::load(file, device).map_err(|e| Error::BadModelFile {
                     path: file.clone(),
                     reason: e.to_string(),
-                }
-            })?;
+                })?;
             tensors.extend(loaded);
         }
         Ok(WeightFile::Safetensors {
@@ -139,7 +164,9 @@ impl WeightFile {
         };
         let found = stored.dims();
         if found != dims {
-            return Err(self.bad(format!("tensor `{name}` has shape {found:?}, expected {dims:?}")));
+            return Err(self.bad(format!(
+                "tensor `{name}` has shape {found:?}, expected {dims:?}"
+            )));
         }
         Ok(stored)
     }
@@ -265,6 +292,9 @@ mod tests {
             gguf_name("model.layers.0.post_attention_layernorm.weight"),
             "blk.0.ffn_norm.weight"
         );
-        assert_eq!(gguf_name("model.layers.3.mlp.down_proj.weight"), "blk.3.ffn_down.weight");
+        assert_eq!(
+            gguf_name("model.layers.3.mlp.down_proj.weight"),
+            "blk.3.ffn_down.weight"
+        );
     }
 }
