@@ -17,6 +17,7 @@
 pub mod bench;
 pub mod engine;
 pub mod error;
+pub mod memory;
 pub mod metrics;
 
 pub use error::{Error, Result};
