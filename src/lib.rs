@@ -15,6 +15,7 @@
 //!   net tokens and cost index from it.
 
 pub mod bench;
+pub mod chunk;
 pub mod document;
 pub mod engine;
 pub mod error;
