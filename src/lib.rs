@@ -20,5 +20,6 @@ pub mod document;
 pub mod engine;
 pub mod error;
 pub mod metrics;
+pub mod rundir;
 
 pub use error::{Error, Result};
