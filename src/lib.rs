@@ -15,9 +15,12 @@
 //!   net tokens and cost index from it.
 
 pub mod bench;
+pub mod chunk;
+pub mod document;
 pub mod engine;
 pub mod error;
 pub mod memory;
 pub mod metrics;
+pub mod rundir;
 
 pub use error::{Error, Result};

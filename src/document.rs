@@ -1,0 +1,210 @@
+//! Reads the text file to be summarized into one normalized `String`, refusing
+//! anything that is not readable UTF-8 prose with a one-line error naming the path.
+//!
+//! Normalization is deliberately small: a leading UTF-8 byte-order mark is dropped
+//! and CRLF line ends become LF. Everything else, including lone `\r`, tabs and
+//! leading or trailing blank lines, is kept byte for byte, so chunk offsets map back
+//! onto the file as the user sees it (shifted only by the BOM and the removed `\r`s).
+
+use std::fs;
+use std::path::Path;
+
+use crate::{Error, Result};
+
+const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// A file where more than this share of bytes are control characters (other than
+/// tab, line feed, carriage return and form feed) is treated as binary.
+const MAX_CONTROL_SHARE: f64 = 0.05;
+
+/// Read the document at `path` as UTF-8 text, without a BOM and with LF line ends.
+///
+/// Fails, naming the path, when the file is missing, is a directory, is empty or
+/// whitespace only, is UTF-16, looks binary (a NUL byte, or many control
+/// characters), or is not valid UTF-8 (the error gives the byte offset of the
+/// first bad byte in the file).
+pub fn read_document(path: &Path) -> Result<String> {
+    let refuse = |reason: String| Error::invalid(path.display().to_string(), reason);
+
+    // fs::read on a directory fails with an unhelpful OS message on some platforms
+    // ("Is a directory" on Linux, "Access is denied" on Windows), so ask first.
+    let metadata = fs::metadata(path).map_err(|err| Error::io(path, err))?;
+    if metadata.is_dir() {
+        return Err(refuse("is a directory, not a text file".into()));
+    }
+    let bytes = fs::read(path).map_err(|err| Error::io(path, err))?;
+
+    if bytes.starts_with(b"\xFF\xFE") || bytes.starts_with(b"\xFE\xFF") {
+        return Err(refuse("is UTF-16 text; convert it to UTF-8 first".into()));
+    }
+    let (bom_len, body) = match bytes.strip_prefix(UTF8_BOM) {
+        Some(rest) => (UTF8_BOM.len(), rest),
+        None => (0, &bytes[..]),
+    };
+    if body.is_empty() {
+        return Err(refuse("is empty".into()));
+    }
+    if let Some(offset) = body.iter().position(|&b| b == 0) {
+        return Err(refuse(format!(
+            "looks like a binary file, not text (NUL byte at offset {})",
+            bom_len + offset
+        )));
+    }
+    let control = body.iter().filter(|&&b| is_suspect_control(b)).count();
+    if control as f64 > MAX_CONTROL_SHARE * body.len() as f64 {
+        return Err(refuse(format!(
+            "looks like a binary file, not text ({control} of {} bytes are control characters)",
+            body.len()
+        )));
+    }
+    let text = std::str::from_utf8(body).map_err(|err| {
+        refuse(format!(
+            "is not valid UTF-8 (bad byte at offset {}); convert it to UTF-8 first",
+            bom_len + err.valid_up_to()
+        ))
+    })?;
+    if text.trim().is_empty() {
+        return Err(refuse("is empty (whitespace only)".into()));
+    }
+    Ok(text.replace("\r\n", "\n"))
+}
+
+/// ASCII control bytes that do not occur in ordinary text files.
+fn is_suspect_control(byte: u8) -> bool {
+    matches!(byte, 0x00..=0x08 | 0x0B | 0x0E..=0x1F | 0x7F)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn write(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
+        let path = dir.path().join(name);
+        fs::write(&path, bytes).expect("write fixture");
+        path
+    }
+
+    /// The error as the user sees it: one line that names the file.
+    fn message(path: &Path) -> String {
+        let err = read_document(path).expect_err("should be refused");
+        let text = err.to_string();
+        assert!(!text.contains('\n'), "one line: {text}");
+        assert!(
+            text.contains(&path.display().to_string()),
+            "names path: {text}"
+        );
+        text
+    }
+
+    #[test]
+    fn reads_plain_text_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "Chapter 1\n\nIt was a dark night.\tTabs stay.\n";
+        let path = write(&dir, "a.txt", text.as_bytes());
+        assert_eq!(read_document(&path).unwrap(), text);
+    }
+
+    #[test]
+    fn strips_bom_and_crlf() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(&dir, "a.txt", b"\xEF\xBB\xBFone\r\ntwo\r\n\r\nthree\rfour");
+        // A lone CR is not a line end we rewrite; only CRLF pairs become LF.
+        assert_eq!(read_document(&path).unwrap(), "one\ntwo\n\nthree\rfour");
+    }
+
+    #[test]
+    fn keeps_multibyte_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "Übermensch — 東京 🙂\n";
+        let path = write(&dir, "a.txt", text.as_bytes());
+        assert_eq!(read_document(&path).unwrap(), text);
+    }
+
+    #[test]
+    fn missing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nope.txt");
+        message(&path);
+        let err = read_document(&path).unwrap_err();
+        assert!(
+            matches!(&err, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn directory() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(message(dir.path()).contains("is a directory"));
+    }
+
+    #[test]
+    fn empty_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(&dir, "empty.txt", b"");
+        assert!(message(&path).contains("is empty"));
+        let path = write(&dir, "bom-only.txt", UTF8_BOM);
+        assert!(message(&path).contains("is empty"));
+    }
+
+    #[test]
+    fn whitespace_only_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(&dir, "blank.txt", b" \n\r\n\t \n");
+        assert!(message(&path).contains("is empty"));
+    }
+
+    #[test]
+    fn nul_byte_is_binary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(&dir, "a.bin", b"PK\x03\x04 text then\x00more");
+        let text = message(&path);
+        assert!(text.contains("binary"), "{text}");
+        assert!(text.contains("offset 14"), "{text}");
+    }
+
+    #[test]
+    fn many_control_bytes_is_binary() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = b"header".repeat(10);
+        bytes.extend(std::iter::repeat_n(0x01u8, 20));
+        let path = write(&dir, "a.bin", &bytes);
+        assert!(message(&path).contains("binary"));
+    }
+
+    #[test]
+    fn a_few_control_bytes_are_tolerated() {
+        let dir = tempfile::tempdir().unwrap();
+        // Form feeds (page breaks) and an escape or two turn up in real text dumps.
+        let mut text = "word ".repeat(100);
+        text.push('\x0C');
+        text.push('\x1B');
+        let path = write(&dir, "a.txt", text.as_bytes());
+        assert_eq!(read_document(&path).unwrap(), text);
+    }
+
+    #[test]
+    fn utf16_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(&dir, "wide.txt", b"\xFF\xFEh\x00i\x00");
+        assert!(message(&path).contains("UTF-16"));
+    }
+
+    #[test]
+    fn invalid_utf8_reports_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        // Latin-1 "café": the é is the single byte 0xE9 at offset 3.
+        let path = write(&dir, "latin1.txt", b"caf\xE9 au lait");
+        let text = message(&path);
+        assert!(text.contains("not valid UTF-8"), "{text}");
+        assert!(text.contains("offset 3"), "{text}");
+    }
+
+    #[test]
+    fn utf8_offset_counts_the_bom() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(&dir, "a.txt", b"\xEF\xBB\xBFab\xFF");
+        assert!(message(&path).contains("offset 5"));
+    }
+}

@@ -1,0 +1,680 @@
+//! Owns the files of one run's output directory and writes each of them so that
+//! a crash at any moment leaves either the old or the new version, never a torn one.
+//!
+//! A run directory holds [`RunDir::SUMMARY`], [`RunDir::MEMORY`], [`RunDir::STEPS`],
+//! [`RunDir::STATS`] and [`RunDir::CHECKPOINT`]. Whole files are replaced with
+//! [`write_atomic`] (temp file in the same directory, fsync, rename). The one
+//! append-only file, a JSON-lines log, can at worst end in a line cut short by a
+//! crash; readers and writers here recognise and drop that line. On resume, a
+//! caller rewrites the log with exactly the steps its checkpoint covers
+//! ([`RunDir::rewrite_jsonl`]), so steps done again after the last checkpoint are
+//! never listed twice.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::{Error, Result};
+
+/// Replace `path` with `bytes` atomically: readers see the old file or the new
+/// one, and after a crash the file is one of the two.
+///
+/// The bytes go to a temp file next to `path` (same filesystem, so the rename is
+/// atomic), which is flushed to disk before it is renamed over `path`. If anything
+/// fails, the temp file is removed and `path` is untouched.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| Error::invalid(path.display().to_string(), "not a file path"))?;
+    let dir = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    let mut builder = tempfile::Builder::new();
+    let prefix = format!(".{}.", name.to_string_lossy());
+    builder.prefix(&prefix).suffix(".tmp");
+    // tempfile makes owner-only files; run outputs are ordinary files (umask still applies).
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
+    let mut temp = builder
+        .tempfile_in(dir)
+        .map_err(|err| Error::io(dir, err))?;
+    temp.write_all(bytes)
+        .and_then(|()| temp.as_file().sync_all())
+        .map_err(|err| Error::io(temp.path(), err))?;
+    temp.persist(path)
+        .map_err(|err| Error::io(path, err.error))?;
+    sync_dir(dir);
+    Ok(())
+}
+
+/// Flush the directory entry of a rename to disk. Best effort: some filesystems
+/// refuse to fsync a directory, and the data itself is already on disk by then.
+fn sync_dir(dir: &Path) {
+    #[cfg(unix)]
+    if let Ok(handle) = File::open(dir) {
+        let _ = handle.sync_all();
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
+}
+
+/// The output directory of one run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunDir {
+    path: PathBuf,
+}
+
+impl RunDir {
+    /// The final answer, as plain text.
+    pub const SUMMARY: &'static str = "summary.txt";
+    /// The structured memory after the last chunk.
+    pub const MEMORY: &'static str = "memory.json";
+    /// One JSON line per step (chunk) of the run.
+    pub const STEPS: &'static str = "steps.jsonl";
+    /// The run's totals: tokens, cache hits, cost, time.
+    pub const STATS: &'static str = "stats.json";
+    /// Where a stopped run resumes from; see [`Checkpoint`].
+    pub const CHECKPOINT: &'static str = "checkpoint.json";
+
+    /// Use `path` as a run directory, creating it (and its parents) if needed.
+    /// Fails if `path` exists but is not a directory.
+    pub fn create(path: impl Into<PathBuf>) -> Result<Self> {
+        let path = path.into();
+        match fs::metadata(&path) {
+            Ok(metadata) if !metadata.is_dir() => {
+                return Err(Error::invalid(
+                    path.display().to_string(),
+                    "exists and is not a directory; a run needs a directory for its output",
+                ))
+            }
+            Ok(_) => {}
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                fs::create_dir_all(&path).map_err(|err| Error::io(&path, err))?
+            }
+            Err(err) => return Err(Error::io(&path, err)),
+        }
+        Ok(RunDir { path })
+    }
+
+    /// The directory itself.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The path of file `name` in this directory. `name` must be a plain file
+    /// name, so nothing is ever written outside the directory.
+    pub fn file(&self, name: &str) -> Result<PathBuf> {
+        let plain = !name.is_empty()
+            && name != "."
+            && name != ".."
+            && !name.contains(['/', '\\'])
+            && Path::new(name).is_relative();
+        if !plain {
+            return Err(Error::invalid(
+                format!("run file `{name}`"),
+                "must be a plain file name inside the run directory",
+            ));
+        }
+        Ok(self.path.join(name))
+    }
+
+    /// Write `value` as pretty JSON to `name`, atomically.
+    pub fn write_json<T: Serialize + ?Sized>(&self, name: &str, value: &T) -> Result<()> {
+        let path = self.file(name)?;
+        let mut bytes = serde_json::to_vec_pretty(value).map_err(|err| unwritable(&path, err))?;
+        bytes.push(b'\n');
+        write_atomic(&path, &bytes)
+    }
+
+    /// Read `name` as JSON: `None` if it does not exist, an error naming the file
+    /// if it is not valid JSON or not of the expected shape.
+    pub fn read_json<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>> {
+        let path = self.file(name)?;
+        let Some(bytes) = read_if_present(&path)? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|err| unreadable(&path.display().to_string(), &err))
+    }
+
+    /// Write `text` to `name`, atomically.
+    pub fn write_text(&self, name: &str, text: &str) -> Result<()> {
+        write_atomic(&self.file(name)?, text.as_bytes())
+    }
+
+    /// Append `value` as one JSON line to `name`, creating the file if needed, and
+    /// flush it to disk.
+    ///
+    /// If the file ends in an unfinished line (a crash during an earlier append),
+    /// that line is cut off first when it is not valid JSON, so the log never
+    /// holds a garbled line followed by good ones.
+    pub fn append_jsonl<T: Serialize + ?Sized>(&self, name: &str, value: &T) -> Result<()> {
+        let path = self.file(name)?;
+        let mut line = serde_json::to_vec(value).map_err(|err| unwritable(&path, err))?;
+        line.push(b'\n');
+        let io_err = |err| Error::io(&path, err);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io_err)?;
+        let end = complete_end(&mut file).map_err(io_err)?;
+        file.set_len(end).map_err(io_err)?;
+        file.seek(SeekFrom::Start(end)).map_err(io_err)?;
+        file.write_all(&line).map_err(io_err)?;
+        file.sync_data().map_err(io_err)
+    }
+
+    /// Replace `name` with exactly `values`, one JSON line each, atomically.
+    pub fn rewrite_jsonl<T: Serialize>(&self, name: &str, values: &[T]) -> Result<()> {
+        let path = self.file(name)?;
+        let mut bytes = Vec::new();
+        for value in values {
+            serde_json::to_writer(&mut bytes, value).map_err(|err| unwritable(&path, err))?;
+            bytes.push(b'\n');
+        }
+        write_atomic(&path, &bytes)
+    }
+
+    /// Read every line of the JSON-lines file `name`; no file reads as no lines.
+    ///
+    /// Blank lines are skipped, and so is a last line that has no newline and does
+    /// not parse (a crash during an append). Any other bad line is an error naming
+    /// the file and line number.
+    pub fn read_jsonl<T: DeserializeOwned>(&self, name: &str) -> Result<Vec<T>> {
+        let path = self.file(name)?;
+        let Some(bytes) = read_if_present(&path)? else {
+            return Ok(Vec::new());
+        };
+        let finished = bytes.ends_with(b"\n");
+        let lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
+        let mut values = Vec::with_capacity(lines.len());
+        for (at, line) in lines.iter().enumerate() {
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let torn = !finished && at == lines.len() - 1;
+            match serde_json::from_slice(line) {
+                Ok(value) => values.push(value),
+                Err(_) if torn && serde_json::from_slice::<Value>(line).is_err() => {}
+                Err(err) => {
+                    let place = format!("{}:{}", path.display(), at + 1);
+                    return Err(unreadable(&place, &err));
+                }
+            }
+        }
+        Ok(values)
+    }
+
+    /// Save `checkpoint` to [`RunDir::CHECKPOINT`], atomically.
+    pub fn save_checkpoint<S: Serialize>(&self, checkpoint: &Checkpoint<S>) -> Result<()> {
+        self.write_json(Self::CHECKPOINT, checkpoint)
+    }
+
+    /// Load the checkpoint, if there is one, for a run whose settings have
+    /// `expected_fingerprint` (see [`fingerprint`]).
+    ///
+    /// Fails if the checkpoint was written with other settings or by another
+    /// checkpoint format, since resuming from it would mix two different runs.
+    pub fn load_checkpoint<S: DeserializeOwned>(
+        &self,
+        expected_fingerprint: &str,
+    ) -> Result<Option<Checkpoint<S>>> {
+        // Check version and settings before the state: a state from other settings
+        // may not even parse, and "different settings" is the useful message then.
+        let Some(raw) = self.read_json::<Checkpoint<Value>>(Self::CHECKPOINT)? else {
+            return Ok(None);
+        };
+        let path = self.file(Self::CHECKPOINT)?.display().to_string();
+        let start_over = "use a new --out or drop --resume";
+        if raw.version != CHECKPOINT_VERSION {
+            return Err(Error::invalid(
+                path,
+                format!(
+                    "written in checkpoint format {}, but this prism reads format {CHECKPOINT_VERSION}; {start_over}",
+                    raw.version
+                ),
+            ));
+        }
+        if raw.config_fingerprint != expected_fingerprint {
+            return Err(Error::invalid(
+                path,
+                format!(
+                    "this run directory was started with different settings (fingerprint {}, now {}); {start_over}",
+                    short(&raw.config_fingerprint),
+                    short(expected_fingerprint)
+                ),
+            ));
+        }
+        let state = serde_json::from_value(raw.state).map_err(|err| {
+            Error::invalid(
+                path,
+                format!("checkpoint state has an unexpected shape: {err}"),
+            )
+        })?;
+        Ok(Some(Checkpoint {
+            version: raw.version,
+            config_fingerprint: raw.config_fingerprint,
+            completed_chunks: raw.completed_chunks,
+            state,
+        }))
+    }
+}
+
+/// The format of [`Checkpoint`] this build writes and reads.
+pub const CHECKPOINT_VERSION: u32 = 1;
+
+/// Everything a run needs to carry on after its first `completed_chunks` chunks:
+/// the settings it was started with (as a fingerprint) and the method's own `state`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint<S> {
+    /// [`CHECKPOINT_VERSION`] when written.
+    pub version: u32,
+    /// [`fingerprint`] of the run's settings.
+    pub config_fingerprint: String,
+    /// How many chunks, from the first, are fully reflected in `state`.
+    pub completed_chunks: usize,
+    /// Whatever the method needs to resume: memory, partial summaries, ledger.
+    pub state: S,
+}
+
+impl<S> Checkpoint<S> {
+    /// A checkpoint in the current format.
+    pub fn new(config_fingerprint: impl Into<String>, completed_chunks: usize, state: S) -> Self {
+        Checkpoint {
+            version: CHECKPOINT_VERSION,
+            config_fingerprint: config_fingerprint.into(),
+            completed_chunks,
+            state,
+        }
+    }
+}
+
+/// A stable identity for a run's settings: the lowercase hex sha256 of `config`
+/// serialized to JSON with object keys sorted, so that map order (a `HashMap`
+/// field, or struct fields reordered) does not change it.
+///
+/// # Panics
+///
+/// If `config` cannot be represented as JSON, which for a settings struct only
+/// happens with a map keyed by something other than strings or numbers. That is
+/// a bug in the config type, not bad input.
+pub fn fingerprint<T: Serialize + ?Sized>(config: &T) -> String {
+    let value = serde_json::to_value(config).expect("run settings serialize to JSON");
+    let bytes = serde_json::to_vec(&sorted_keys(value)).expect("a JSON value serializes");
+    format!("{:x}", Sha256::digest(bytes))
+}
+
+fn sorted_keys(value: Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(String, Value)> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(key, value)| (key, sorted_keys(value)))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(sorted_keys).collect()),
+        other => other,
+    }
+}
+
+/// The first 12 hex digits of a fingerprint, enough to tell two apart in a message.
+fn short(fingerprint: &str) -> &str {
+    fingerprint.get(..12).unwrap_or(fingerprint)
+}
+
+/// The contents of `path`, or `None` if it does not exist.
+fn read_if_present(path: &Path) -> Result<Option<Vec<u8>>> {
+    match fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(Error::io(path, err)),
+    }
+}
+
+/// Length of `file` up to the end of its last line that is either finished or
+/// valid JSON; anything past it is a torn append. Leaves a newline-less but valid
+/// last line in place after adding its missing newline.
+fn complete_end(file: &mut File) -> io::Result<u64> {
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(0);
+    }
+    let mut last = [0u8; 1];
+    file.seek(SeekFrom::Start(len - 1))?;
+    file.read_exact(&mut last)?;
+    if last[0] == b'\n' {
+        return Ok(len);
+    }
+    let mut bytes = Vec::new();
+    file.seek(SeekFrom::Start(0))?;
+    file.read_to_end(&mut bytes)?;
+    let line_start = bytes
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |at| at + 1);
+    if serde_json::from_slice::<Value>(&bytes[line_start..]).is_ok() {
+        file.seek(SeekFrom::End(0))?;
+        file.write_all(b"\n")?;
+        return Ok(len + 1);
+    }
+    Ok(line_start as u64)
+}
+
+fn unwritable(path: &Path, err: serde_json::Error) -> Error {
+    Error::invalid(
+        path.display().to_string(),
+        format!("cannot be written as JSON: {err}"),
+    )
+}
+
+/// Say whether a file is damaged or merely of another shape than expected.
+fn unreadable(place: &str, err: &serde_json::Error) -> Error {
+    let reason = match err.classify() {
+        serde_json::error::Category::Data => format!("does not have the expected fields: {err}"),
+        _ => format!("is corrupt (not valid JSON: {err})"),
+    };
+    Error::invalid(place, reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    struct Step {
+        chunk: usize,
+        note: String,
+    }
+
+    fn step(chunk: usize) -> Step {
+        Step {
+            chunk,
+            note: format!("read chunk {chunk}"),
+        }
+    }
+
+    fn run_dir() -> (tempfile::TempDir, RunDir) {
+        let temp = tempfile::tempdir().expect("tempdir");
+        let run = RunDir::create(temp.path().join("run")).expect("create run dir");
+        (temp, run)
+    }
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn atomic_write_replaces_and_leaves_no_temp_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("summary.txt");
+        write_atomic(&path, b"first").unwrap();
+        write_atomic(&path, b"second").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"second");
+        assert_eq!(entries(dir.path()), ["summary.txt"]);
+    }
+
+    #[test]
+    fn atomic_write_into_missing_dir_fails_and_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope");
+        let err = write_atomic(&missing.join("a.txt"), b"x").unwrap_err();
+        assert!(err.to_string().contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn atomic_write_over_a_directory_fails_cleanly() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("taken")).unwrap();
+        assert!(write_atomic(&dir.path().join("taken"), b"x").is_err());
+        assert_eq!(entries(dir.path()), ["taken"]);
+    }
+
+    #[test]
+    fn create_makes_parents_and_accepts_an_existing_dir() {
+        let temp = tempfile::tempdir().unwrap();
+        let nested = temp.path().join("a/b/run");
+        let run = RunDir::create(&nested).unwrap();
+        assert!(nested.is_dir());
+        assert_eq!(run.path(), nested);
+        run.write_text(RunDir::SUMMARY, "kept").unwrap();
+        let again = RunDir::create(&nested).unwrap();
+        assert_eq!(
+            fs::read_to_string(again.file(RunDir::SUMMARY).unwrap()).unwrap(),
+            "kept"
+        );
+    }
+
+    #[test]
+    fn create_refuses_a_file() {
+        let temp = tempfile::tempdir().unwrap();
+        let file = temp.path().join("out");
+        fs::write(&file, "x").unwrap();
+        let err = RunDir::create(&file).unwrap_err();
+        assert!(err.to_string().contains("not a directory"), "{err}");
+        assert!(err.to_string().contains("out"), "{err}");
+    }
+
+    #[test]
+    fn file_names_stay_inside_the_directory() {
+        let (_temp, run) = run_dir();
+        for bad in ["", ".", "..", "../x", "a/b", "a\\b", "/etc/passwd"] {
+            assert!(run.file(bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(
+            run.file("memory.json").unwrap(),
+            run.path().join("memory.json")
+        );
+    }
+
+    #[test]
+    fn json_round_trip_is_pretty() {
+        let (_temp, run) = run_dir();
+        let memory = json!({"characters": ["Victor", "the creature"], "places": {"Geneva": 1}});
+        run.write_json(RunDir::MEMORY, &memory).unwrap();
+        let text = fs::read_to_string(run.file(RunDir::MEMORY).unwrap()).unwrap();
+        assert!(text.contains("\n  \"characters\""), "{text}");
+        assert!(text.ends_with("}\n"));
+        assert_eq!(
+            run.read_json::<Value>(RunDir::MEMORY).unwrap(),
+            Some(memory)
+        );
+        assert_eq!(entries(run.path()), [RunDir::MEMORY]);
+    }
+
+    #[test]
+    fn read_json_missing_is_none() {
+        let (_temp, run) = run_dir();
+        assert_eq!(run.read_json::<Value>(RunDir::STATS).unwrap(), None);
+    }
+
+    #[test]
+    fn read_json_corrupt_names_the_file() {
+        let (_temp, run) = run_dir();
+        run.write_text(RunDir::STATS, "{\"tokens\": 1").unwrap();
+        let err = run
+            .read_json::<Value>(RunDir::STATS)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("stats.json"), "{err}");
+        assert!(err.contains("corrupt"), "{err}");
+
+        run.write_text(RunDir::STATS, "{\"chunk\": \"one\"}")
+            .unwrap();
+        let err = run
+            .read_json::<Step>(RunDir::STATS)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("stats.json"), "{err}");
+        assert!(err.contains("expected fields"), "{err}");
+    }
+
+    #[test]
+    fn jsonl_append_read_and_rewrite() {
+        let (_temp, run) = run_dir();
+        assert!(run.read_jsonl::<Step>(RunDir::STEPS).unwrap().is_empty());
+        for chunk in 0..3 {
+            run.append_jsonl(RunDir::STEPS, &step(chunk)).unwrap();
+        }
+        let steps: Vec<Step> = run.read_jsonl(RunDir::STEPS).unwrap();
+        assert_eq!(steps, [step(0), step(1), step(2)]);
+
+        // Resuming from a checkpoint after chunk 1: the log keeps exactly two steps.
+        run.rewrite_jsonl(RunDir::STEPS, &steps[..2]).unwrap();
+        run.append_jsonl(RunDir::STEPS, &step(2)).unwrap();
+        let steps: Vec<Step> = run.read_jsonl(RunDir::STEPS).unwrap();
+        assert_eq!(steps, [step(0), step(1), step(2)]);
+        assert_eq!(entries(run.path()), [RunDir::STEPS]);
+    }
+
+    #[test]
+    fn jsonl_torn_last_line_is_dropped_then_overwritten() {
+        let (_temp, run) = run_dir();
+        let path = run.file(RunDir::STEPS).unwrap();
+        fs::write(&path, "{\"chunk\":0,\"note\":\"a\"}\n{\"chunk\":1,\"no").unwrap();
+        let steps: Vec<Step> = run.read_jsonl(RunDir::STEPS).unwrap();
+        assert_eq!(steps.len(), 1);
+
+        run.append_jsonl(RunDir::STEPS, &step(1)).unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 2, "{text}");
+        let steps: Vec<Step> = run.read_jsonl(RunDir::STEPS).unwrap();
+        assert_eq!(steps[1], step(1));
+    }
+
+    #[test]
+    fn jsonl_valid_last_line_without_newline_is_kept() {
+        let (_temp, run) = run_dir();
+        let path = run.file(RunDir::STEPS).unwrap();
+        fs::write(&path, "{\"chunk\":0,\"note\":\"a\"}").unwrap();
+        assert_eq!(run.read_jsonl::<Step>(RunDir::STEPS).unwrap().len(), 1);
+        run.append_jsonl(RunDir::STEPS, &step(1)).unwrap();
+        assert_eq!(run.read_jsonl::<Step>(RunDir::STEPS).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn jsonl_bad_middle_line_names_file_and_line() {
+        let (_temp, run) = run_dir();
+        let path = run.file(RunDir::STEPS).unwrap();
+        fs::write(
+            &path,
+            "{\"chunk\":0,\"note\":\"a\"}\n\nnot json\n{\"chunk\":1,\"note\":\"b\"}\n",
+        )
+        .unwrap();
+        let err = run
+            .read_jsonl::<Step>(RunDir::STEPS)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("steps.jsonl:3"), "{err}");
+    }
+
+    #[test]
+    fn checkpoint_round_trip() {
+        let (_temp, run) = run_dir();
+        let print = fingerprint(&json!({"method": "prism", "chunk_tokens": 2048}));
+        assert!(run.load_checkpoint::<Vec<Step>>(&print).unwrap().is_none());
+
+        let checkpoint = Checkpoint::new(print.clone(), 2, vec![step(0), step(1)]);
+        run.save_checkpoint(&checkpoint).unwrap();
+        let loaded = run.load_checkpoint::<Vec<Step>>(&print).unwrap();
+        assert_eq!(loaded, Some(checkpoint));
+        assert_eq!(entries(run.path()), [RunDir::CHECKPOINT]);
+    }
+
+    #[test]
+    fn checkpoint_from_other_settings_is_refused() {
+        let (_temp, run) = run_dir();
+        let old = fingerprint(&json!({"chunk_tokens": 2048}));
+        let new = fingerprint(&json!({"chunk_tokens": 1024}));
+        run.save_checkpoint(&Checkpoint::new(old, 1, json!({})))
+            .unwrap();
+        let err = run.load_checkpoint::<Value>(&new).unwrap_err().to_string();
+        assert!(err.contains("checkpoint.json"), "{err}");
+        assert!(err.contains("different settings"), "{err}");
+        assert!(err.contains("--resume"), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn checkpoint_from_another_format_is_refused() {
+        let (_temp, run) = run_dir();
+        let print = fingerprint(&1);
+        let mut checkpoint = Checkpoint::new(print.clone(), 1, json!(null));
+        checkpoint.version = CHECKPOINT_VERSION + 1;
+        run.save_checkpoint(&checkpoint).unwrap();
+        let err = run
+            .load_checkpoint::<Value>(&print)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("format"), "{err}");
+    }
+
+    #[test]
+    fn checkpoint_with_unexpected_state_is_an_error() {
+        let (_temp, run) = run_dir();
+        let print = fingerprint(&1);
+        run.save_checkpoint(&Checkpoint::new(print.clone(), 1, json!({"x": 1})))
+            .unwrap();
+        let err = run
+            .load_checkpoint::<Vec<Step>>(&print)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("checkpoint.json"), "{err}");
+        assert!(err.contains("state"), "{err}");
+    }
+
+    #[test]
+    fn corrupt_checkpoint_is_an_error() {
+        let (_temp, run) = run_dir();
+        run.write_text(RunDir::CHECKPOINT, "").unwrap();
+        let err = run.load_checkpoint::<Value>("x").unwrap_err().to_string();
+        assert!(err.contains("checkpoint.json"), "{err}");
+    }
+
+    #[test]
+    fn fingerprint_is_stable_and_ignores_key_order() {
+        #[derive(Serialize)]
+        struct Config {
+            method: &'static str,
+            chunk_tokens: usize,
+        }
+        let a = fingerprint(&Config {
+            method: "prism",
+            chunk_tokens: 2048,
+        });
+        assert_eq!(a.len(), 64);
+        assert!(a
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        // Same settings, keys in another order (serde_json keeps insertion order here).
+        let mut object = serde_json::Map::new();
+        object.insert("chunk_tokens".into(), json!(2048));
+        object.insert("method".into(), json!("prism"));
+        assert_eq!(fingerprint(&Value::Object(object)), a);
+        // Any change of a setting changes it.
+        let b = fingerprint(&Config {
+            method: "prism",
+            chunk_tokens: 1024,
+        });
+        assert_ne!(a, b);
+    }
+}
