@@ -20,6 +20,7 @@ pub mod document;
 pub mod engine;
 pub mod error;
 pub mod memory;
+pub mod methods;
 pub mod metrics;
 pub mod rundir;
 

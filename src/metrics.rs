@@ -4,7 +4,7 @@
 use crate::engine::Usage;
 
 /// The figures every report shows, derived from a [`Usage`] in one place.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Figures {
     pub prompt_tokens: usize,
     pub reused_tokens: usize,
@@ -46,7 +46,7 @@ fn ratio(numerator: f64, denominator: f64) -> f64 {
 }
 
 /// The running total of every engine call of a run.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Ledger {
     pub calls: usize,
     pub usage: Usage,

@@ -6,7 +6,6 @@
 
 use crate::engine::Engine;
 use crate::error::Result;
-use rand::{Rng, SeedableRng};
 use std::time::Instant;
 
 /// Token ids below this are left out of random prompts: both model families
@@ -28,12 +27,31 @@ pub struct EngineFigures {
     pub cold_seconds: f64,
 }
 
-/// `count` random ordinary token ids from `seed`; `scripts/compare-llama-cpp` draws the same.
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn random_prompts_are_reproducible_and_in_range() {
+        let prompt = super::random_prompt(42, 1000, 49_152);
+        assert_eq!(prompt, super::random_prompt(42, 1000, 49_152));
+        assert!(prompt.iter().all(|&id| (1000..30_000).contains(&id)));
+        // The first ids, as scripts/compare-llama-cpp computes them too.
+        assert_eq!(&prompt[..3], &[4_334, 25_026, 5_538]);
+    }
+}
+
+/// `count` pseudo-random ordinary token ids from `seed`. A plain 64-bit LCG
+/// (Knuth's MMIX constants), so that `scripts/compare-llama-cpp` draws the very
+/// same ids in Python.
 pub fn random_prompt(seed: u64, count: usize, vocab_size: usize) -> Vec<u32> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let last = LAST_ORDINARY_ID.min(vocab_size as u32);
+    let span = u64::from(LAST_ORDINARY_ID.min(vocab_size as u32) - FIRST_ORDINARY_ID);
+    let mut state = seed;
     (0..count)
-        .map(|_| rng.random_range(FIRST_ORDINARY_ID..last))
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            FIRST_ORDINARY_ID + ((state >> 33) % span) as u32
+        })
         .collect()
 }
 

@@ -3,6 +3,7 @@
 mod bench_engine;
 mod generate;
 mod models;
+mod summarize;
 
 use anyhow::{Context, Result};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -30,6 +31,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// List or fetch the known models.
     Models(models::ModelsArgs),
+    /// Summarize a document far longer than the context, chunk by chunk.
+    Summarize(Box<summarize::SummarizeArgs>),
     /// Measure prefill and decode speed and the gain from a cached prefix.
     BenchEngine(bench_engine::BenchEngineArgs),
 }
@@ -46,6 +49,7 @@ pub fn run() -> Result<()> {
             generate::run(args, sub)
         }
         Command::Models(args) => models::run(args),
+        Command::Summarize(args) => summarize::run_summarize(*args),
         Command::BenchEngine(args) => bench_engine::run(args),
     }
 }

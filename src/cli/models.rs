@@ -19,6 +19,11 @@ enum ModelsCommand {
         /// Model names or aliases (default: the default model).
         names: Vec<String>,
     },
+    /// Print the file or directory `--model NAME` resolves to.
+    Path {
+        #[arg(default_value = source::DEFAULT_MODEL)]
+        name: String,
+    },
 }
 
 pub fn run(args: ModelsArgs) -> Result<()> {
@@ -50,6 +55,10 @@ pub fn run(args: ModelsArgs) -> Result<()> {
                 let path = source::fetch(&manifest, &mut |line| eprintln!("{line}"))?;
                 println!("{}", path.display());
             }
+            Ok(())
+        }
+        ModelsCommand::Path { name } => {
+            println!("{}", source::resolve(&name)?.path().display());
             Ok(())
         }
     }

@@ -201,10 +201,7 @@ impl Engine {
 
     /// Token ids of a plain-text prompt, with BOS first when the model expects it.
     pub fn text_prompt(&self, text: &str) -> Result<Vec<u32>> {
-        let mut ids = Vec::new();
-        if self.tokenizer.add_bos() {
-            ids.extend(self.tokenizer.bos_token_id());
-        }
+        let mut ids = self.bos_for("");
         ids.extend(self.tokenizer.encode(text)?);
         Ok(ids)
     }
@@ -223,17 +220,49 @@ impl Engine {
     /// Token ids of a chat prompt rendered with the model's template.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
         let text = self.render_chat(messages)?;
-        // Templates that write BOS themselves must not get a second one.
+        let mut ids = self.bos_for(&text);
+        ids.extend(self.tokenizer.encode(&text)?);
+        Ok(ids)
+    }
+
+    /// Token ids of a chat of an optional system turn and one user turn whose
+    /// content is `user_segments` joined. Each segment is tokenized on its own,
+    /// so a prompt that appends segments to another keeps that one's token ids
+    /// as its prefix (BPE merges across a boundary could otherwise change them).
+    pub fn segmented_chat_prompt(
+        &self,
+        system: Option<&str>,
+        user_segments: &[String],
+    ) -> Result<Vec<u32>> {
+        // The template is rendered around a marker that stands for the user
+        // turn; the text before and after it is tokenized separately.
+        const MARKER: &str = "\u{1}prism-user-turn\u{1}";
+        let mut messages = Vec::new();
+        messages.extend(system.map(ChatMessage::system));
+        messages.push(ChatMessage::user(MARKER));
+        let text = self.render_chat(&messages)?;
+        let (before, after) = text.split_once(MARKER).ok_or_else(|| Error::ChatTemplate {
+            reason: "the template altered the user message; cannot place prompt segments".into(),
+        })?;
+        let mut ids = self.bos_for(&text);
+        ids.extend(self.tokenizer.encode(before)?);
+        for segment in user_segments {
+            ids.extend(self.tokenizer.encode(segment)?);
+        }
+        ids.extend(self.tokenizer.encode(after)?);
+        Ok(ids)
+    }
+
+    /// BOS when the model expects one and the rendered prompt does not start with it.
+    fn bos_for(&self, rendered: &str) -> Vec<u32> {
         let writes_bos = self
             .tokenizer
             .bos_token()
-            .is_some_and(|bos| text.starts_with(bos));
-        let mut ids = Vec::new();
-        if self.tokenizer.add_bos() && !writes_bos {
-            ids.extend(self.tokenizer.bos_token_id());
+            .is_some_and(|bos| rendered.starts_with(bos));
+        match self.tokenizer.bos_token_id() {
+            Some(bos) if self.tokenizer.add_bos() && !writes_bos => vec![bos],
+            _ => Vec::new(),
         }
-        ids.extend(self.tokenizer.encode(&text)?);
-        Ok(ids)
     }
 
     /// Encode `prompt`, reusing the cached prefix it shares with the previous

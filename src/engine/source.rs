@@ -179,6 +179,14 @@ impl ModelSource {
             ModelSource::Gguf { name, .. } | ModelSource::HfDir { name, .. } => name,
         }
     }
+
+    /// The GGUF file or the model directory.
+    pub fn path(&self) -> &Path {
+        match self {
+            ModelSource::Gguf { path, .. } => path,
+            ModelSource::HfDir { dir, .. } => dir,
+        }
+    }
 }
 
 /// Resolve `--model`. `spec` is, tried in this order:

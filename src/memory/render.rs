@@ -55,7 +55,7 @@ pub fn render_revision(revision: &Revision) -> String {
 ///
 /// The caller keeps the effective memory as it goes (applying each revision
 /// as it accepts it) and pushes only accepted revisions here.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct Amendments {
     pub base: Value,
     pub revisions: Vec<Revision>,

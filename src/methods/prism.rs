@@ -1,0 +1,396 @@
+//! PRISM (structured memory with revisions): read the document chunk by chunk;
+//! after each chunk the model proposes revisions to a schema-shaped memory, the
+//! program checks and applies them, and the final answer comes from the memory.
+//!
+//! The prompt puts what never changes first (instructions, query, schema),
+//! then the memory, then the chunk, so the engine reuses as much of its KV
+//! cache as the memory rendering allows. With amendments the memory is the
+//! first-written object followed by every accepted revision, so a new revision
+//! only appends text; in place, the object is rewritten where it changed.
+
+use super::llm::{Llm, Prompt};
+use crate::chunk::Chunk;
+use crate::error::{Error, Result};
+use crate::memory::{
+    apply, parse_revisions, render_in_place, render_revision, Amendments, Op, Rejection, Revision,
+    Schema,
+};
+use crate::metrics::{Figures, Ledger};
+use crate::rundir::{Checkpoint, RunDir};
+use serde_json::Value;
+use std::time::Instant;
+
+/// How the memory is shown to the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemoryMode {
+    /// One JSON object, revised where it stands.
+    InPlace,
+    /// The object as first written, then the accepted revisions in order.
+    Amendments,
+}
+
+/// Settings of one PRISM run; everything here is part of a run's identity.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct PrismConfig {
+    pub memory: MemoryMode,
+    /// When false, `update` revisions are refused (the paper's "without updates" ablation).
+    pub updates: bool,
+    pub query: String,
+    /// The most tokens a revision step may generate.
+    pub revision_tokens: usize,
+    /// The most tokens the final answer may have.
+    pub answer_tokens: usize,
+}
+
+/// A revision the program refused, with the reason.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Refused {
+    /// The revision as parsed, or the raw text that did not parse.
+    pub revision: String,
+    pub reason: String,
+}
+
+/// What one chunk's step did, as a line of `steps.jsonl`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Step {
+    pub chunk: usize,
+    pub chunk_tokens: usize,
+    pub prompt_tokens: usize,
+    pub reused_tokens: usize,
+    pub net_tokens: usize,
+    pub output_tokens: usize,
+    pub applied: Vec<Revision>,
+    pub rejected: Vec<Refused>,
+    pub seconds: f64,
+}
+
+/// Everything a run carries from one chunk to the next; saved in checkpoints.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct PrismState {
+    /// The memory with every accepted revision applied.
+    pub memory: Value,
+    /// The same memory as amendments (kept in both modes: it is the log of accepted revisions).
+    pub amendments: Amendments,
+    pub ledger: Ledger,
+    pub revisions_applied: usize,
+    pub revisions_rejected: usize,
+    /// Seconds spent in earlier sessions of this run.
+    pub seconds: f64,
+}
+
+impl PrismState {
+    pub fn new(schema: &Schema) -> Self {
+        let memory = schema.empty_memory();
+        PrismState {
+            amendments: Amendments::new(memory.clone()),
+            memory,
+            ledger: Ledger::default(),
+            revisions_applied: 0,
+            revisions_rejected: 0,
+            seconds: 0.0,
+        }
+    }
+}
+
+/// The final figures of a run, as `stats.json`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Stats {
+    #[serde(flatten)]
+    pub figures: Figures,
+    pub calls: usize,
+    pub chunks: usize,
+    pub revisions_applied: usize,
+    pub revisions_rejected: usize,
+    pub wall_seconds: f64,
+}
+
+/// The PRISM loop over one document.
+pub struct Prism<'a> {
+    config: &'a PrismConfig,
+    schema: &'a Schema,
+    /// Instructions, query and schema: the first, never-changing user segment.
+    preamble: String,
+}
+
+const SYSTEM: &str = "You keep a structured memory of a long document that you read one chunk at a time. You change the memory only by writing revisions in the exact format asked for.";
+
+impl<'a> Prism<'a> {
+    pub fn new(config: &'a PrismConfig, schema: &'a Schema) -> Self {
+        let preamble = preamble(config, schema);
+        Prism {
+            config,
+            schema,
+            preamble,
+        }
+    }
+
+    /// The prompt for revising the memory after reading `chunk`.
+    pub fn revision_prompt(&self, state: &PrismState, chunk: &Chunk, chunks: usize) -> Prompt {
+        let mut segments = vec![self.preamble.clone()];
+        segments.extend(self.memory_segments(state));
+        segments.push(format!(
+            "\n## Chunk {} of {}\n{}\n",
+            chunk.index + 1,
+            chunks,
+            chunk.text.trim_end()
+        ));
+        segments.push(self.revision_request());
+        Prompt {
+            system: Some(SYSTEM.to_string()),
+            segments,
+        }
+    }
+
+    /// The prompt for the final answer from the finished memory.
+    pub fn answer_prompt(&self, state: &PrismState) -> Prompt {
+        let mut segments = vec![self.preamble.clone()];
+        segments.extend(self.memory_segments(state));
+        segments.push(format!(
+            "\nThe document has ended and the memory above is complete. Using only the memory, answer the query in plain prose, not JSON:\n{}\n",
+            self.config.query
+        ));
+        Prompt {
+            system: Some(SYSTEM.to_string()),
+            segments,
+        }
+    }
+
+    fn memory_segments(&self, state: &PrismState) -> Vec<String> {
+        let mut segments = vec!["\n## Memory\n".to_string()];
+        match self.config.memory {
+            MemoryMode::InPlace => segments.push(render_in_place(&state.memory)),
+            MemoryMode::Amendments => segments.extend(state.amendments.segments()),
+        }
+        segments
+    }
+
+    fn revision_request(&self) -> String {
+        let ops = if self.config.updates {
+            "\"add\" to create a path that does not exist yet or to append to a list, \"update\" to replace the value at a path that exists"
+        } else {
+            "\"add\" only: create a path that does not exist yet, or append to a list"
+        };
+        format!(
+            "\n## Your revisions\nWrite the revisions this chunk calls for, one JSON object per line, and nothing else. Each line has an op ({ops}), a path in the memory, and a value of the type the schema gives that path. For example:\n{}Write nothing if the chunk adds nothing worth keeping.\n",
+            render_revision(&Revision {
+                op: Op::Add,
+                path: crate::memory::JsonPath::parse("$.'A heading'")
+                    .expect("a literal path parses"),
+                value: Value::Array(vec![Value::String("One short sentence.".into())]),
+            })
+        )
+    }
+
+    /// Run the revision step for `chunk` and fold its revisions into `state`.
+    pub fn step(
+        &self,
+        llm: &mut dyn Llm,
+        state: &mut PrismState,
+        chunk: &Chunk,
+        chunks: usize,
+    ) -> Result<Step> {
+        let start = Instant::now();
+        let prompt = self.revision_prompt(state, chunk, chunks);
+        let prompt_tokens = llm.prompt_tokens(&prompt)?;
+        if prompt_tokens + self.config.revision_tokens >= llm.context_tokens() {
+            return Err(Error::invalid(
+                format!("chunk {}", chunk.index + 1),
+                format!(
+                    "the prompt has grown to {prompt_tokens} tokens, too long for the model's context of {} with {} tokens to generate; use a smaller --chunk-tokens",
+                    llm.context_tokens(),
+                    self.config.revision_tokens
+                ),
+            ));
+        }
+        let completion = llm.complete(&prompt, self.config.revision_tokens)?;
+        state.ledger.record(&completion.usage);
+        let (applied, rejected) = self.fold(state, &completion.text);
+        state.revisions_applied += applied.len();
+        state.revisions_rejected += rejected.len();
+        let figures = Figures::of(&completion.usage);
+        Ok(Step {
+            chunk: chunk.index,
+            chunk_tokens: chunk.tokens,
+            prompt_tokens: figures.prompt_tokens,
+            reused_tokens: figures.reused_tokens,
+            net_tokens: figures.net_tokens,
+            output_tokens: figures.output_tokens,
+            applied,
+            rejected,
+            seconds: start.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Parse `output` and apply each revision that checks out, in order.
+    fn fold(&self, state: &mut PrismState, output: &str) -> (Vec<Revision>, Vec<Refused>) {
+        let mut applied = Vec::new();
+        let mut rejected = Vec::new();
+        for parsed in parse_revisions(output) {
+            let revision = match parsed {
+                Ok(revision) => revision,
+                Err(reason) => {
+                    rejected.push(Refused {
+                        revision: String::new(),
+                        reason,
+                    });
+                    continue;
+                }
+            };
+            let outcome = if !self.config.updates && revision.op == Op::Update {
+                Err(Rejection::update_disabled(&revision))
+            } else {
+                apply(&state.memory, &revision, self.schema)
+            };
+            match outcome {
+                Ok(memory) => {
+                    state.memory = memory;
+                    state.amendments.push(revision.clone());
+                    applied.push(revision);
+                }
+                Err(rejection) => rejected.push(Refused {
+                    revision: render_revision(&revision).trim_end().to_string(),
+                    reason: rejection.reason,
+                }),
+            }
+        }
+        (applied, rejected)
+    }
+
+    /// Ask for the final answer from the memory.
+    pub fn answer(&self, llm: &mut dyn Llm, state: &mut PrismState) -> Result<String> {
+        let prompt = self.answer_prompt(state);
+        let completion = llm.complete(&prompt, self.config.answer_tokens)?;
+        state.ledger.record(&completion.usage);
+        Ok(completion.text.trim().to_string())
+    }
+}
+
+/// The fixed opening of every prompt: the task, the query and the schema.
+fn preamble(config: &PrismConfig, schema: &Schema) -> String {
+    let memory_form = match config.memory {
+        MemoryMode::InPlace => "The memory is one JSON object and shows every change made so far.",
+        MemoryMode::Amendments => "The memory is a JSON object followed by revision lines, oldest first. Read it as the object with every line applied in order: a later line about a path replaces what an earlier one said.",
+    };
+    let about = [schema.title(), schema.description()]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join(": ");
+    format!(
+        "## Task\nYou read a document in chunks and keep notes in a structured memory, so that at the end you can answer this query from the memory alone:\n{}\n\n## Memory schema\n{}\n{}\n{}\n",
+        config.query,
+        about,
+        schema.render_types().trim_end(),
+        memory_form,
+    )
+}
+
+/// Where a run reports its progress (the CLI draws a progress bar).
+pub trait Progress {
+    /// `done` of `total` chunks are finished (more than zero when resuming).
+    fn begin(&mut self, total: usize, done: usize);
+    /// One more chunk is finished; `figures` are the run's totals so far.
+    fn chunk_done(&mut self, done: usize, figures: &Figures);
+    /// All chunks are read; the final answer is being written.
+    fn answering(&mut self);
+}
+
+/// Progress that goes nowhere, for tests and quiet runs.
+pub struct NoProgress;
+
+impl Progress for NoProgress {
+    fn begin(&mut self, _: usize, _: usize) {}
+    fn chunk_done(&mut self, _: usize, _: &Figures) {}
+    fn answering(&mut self) {}
+}
+
+/// How a call to [`run`] ended.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Every chunk was read and the answer written.
+    Finished { summary: String, stats: Stats },
+    /// `stop_after` chunks were read this time; `--resume` continues.
+    Paused { completed: usize },
+}
+
+/// Where and how a run keeps its files.
+pub struct RunFiles<'a> {
+    pub dir: &'a RunDir,
+    /// Identifies the run's settings; a checkpoint made with others is refused.
+    pub fingerprint: String,
+    /// Continue from the checkpoint in `dir` instead of starting afresh.
+    pub resume: bool,
+    /// Stop after this many chunks in this session (the run stays resumable).
+    pub stop_after: Option<usize>,
+}
+
+const STEPS: &str = "steps.jsonl";
+
+/// Read every chunk, revising the memory, then answer; checkpoint after each chunk.
+pub fn run(
+    prism: &Prism,
+    llm: &mut dyn Llm,
+    chunks: &[Chunk],
+    files: &RunFiles,
+    progress: &mut dyn Progress,
+) -> Result<Outcome> {
+    let dir = files.dir;
+    let checkpoint = dir.load_checkpoint::<PrismState>(&files.fingerprint)?;
+    let (mut state, completed) = match checkpoint {
+        Some(checkpoint) if files.resume => (checkpoint.state, checkpoint.completed_chunks),
+        Some(_) => {
+            return Err(Error::invalid(
+                dir.path().display().to_string(),
+                "holds a run already; pass --resume to continue it, or choose another --out",
+            ))
+        }
+        None => (PrismState::new(prism.schema), 0),
+    };
+    // Keep steps.jsonl in step with the checkpoint: a crash between the two
+    // writes must not leave a step recorded twice.
+    let mut steps: Vec<Step> = dir.read_jsonl(STEPS)?;
+    steps.truncate(completed);
+    dir.rewrite_jsonl(STEPS, &steps)?;
+
+    progress.begin(chunks.len(), completed.min(chunks.len()));
+    let session = Instant::now();
+    let mut seconds_at_save = 0.0;
+    for chunk in chunks.iter().skip(completed) {
+        if files
+            .stop_after
+            .is_some_and(|limit| chunk.index - completed >= limit)
+        {
+            return Ok(Outcome::Paused {
+                completed: chunk.index,
+            });
+        }
+        let step = prism.step(llm, &mut state, chunk, chunks.len())?;
+        dir.append_jsonl(STEPS, &step)?;
+        let now = session.elapsed().as_secs_f64();
+        state.seconds += now - seconds_at_save;
+        seconds_at_save = now;
+        dir.save_checkpoint(&Checkpoint::new(
+            files.fingerprint.clone(),
+            chunk.index + 1,
+            state.clone(),
+        ))?;
+        progress.chunk_done(chunk.index + 1, &state.ledger.figures());
+    }
+
+    progress.answering();
+    let summary = prism.answer(llm, &mut state)?;
+    state.seconds += session.elapsed().as_secs_f64() - seconds_at_save;
+    let stats = Stats {
+        figures: state.ledger.figures(),
+        calls: state.ledger.calls,
+        chunks: chunks.len(),
+        revisions_applied: state.revisions_applied,
+        revisions_rejected: state.revisions_rejected,
+        wall_seconds: state.seconds,
+    };
+    dir.write_text("summary.txt", &format!("{summary}\n"))?;
+    dir.write_json("memory.json", &state.memory)?;
+    dir.write_json("stats.json", &stats)?;
+    Ok(Outcome::Finished { summary, stats })
+}
