@@ -88,7 +88,19 @@ impl<T> CandleContext<T> for candle_core::Result<T> {
     fn context(self, context: impl Into<String>) -> Result<T> {
         self.map_err(|source| Error::Candle {
             context: context.into(),
-            source,
+            source: without_backtrace(source),
         })
+    }
+}
+
+/// candle attaches a backtrace to most errors and prints it with the message;
+/// a user should see one line.
+fn without_backtrace(error: candle_core::Error) -> candle_core::Error {
+    match error {
+        candle_core::Error::WithBacktrace { inner, .. } => without_backtrace(*inner),
+        candle_core::Error::Context { inner, context } => {
+            candle_core::Error::Msg(format!("{context}: {}", without_backtrace(*inner)))
+        }
+        other => other,
     }
 }

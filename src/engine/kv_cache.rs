@@ -1,9 +1,11 @@
 //! The KV cache: per-layer keys and values for a token sequence, which knows the
 //! token ids it holds so that a new prompt can reuse the longest common prefix.
 //!
-//! Storage is preallocated per layer as `(1, capacity, kv_heads, head_dim)` and
+//! Storage is preallocated per layer as `(1, kv_heads, capacity, head_dim)` and
 //! written in place; capacity doubles when needed, so appending a token never
-//! copies the whole cache. Truncating only moves the length back.
+//! copies the whole cache. Truncating only moves the length back. Each head's
+//! positions are contiguous rows, so attention multiplies straight out of the
+//! cache without copying it.
 
 use crate::error::{CandleContext, Result};
 use candle_core::{DType, Device, Tensor};
@@ -116,7 +118,7 @@ impl KvCache {
             .next_power_of_two()
             .max(INITIAL_CAPACITY)
             .min(self.max_len);
-        let shape = (1, capacity, self.kv_heads, self.head_dim);
+        let shape = (1, self.kv_heads, capacity, self.head_dim);
         for layer in &mut self.layers {
             let grown = LayerCache {
                 keys: Tensor::zeros(shape, self.dtype, &self.device)
@@ -125,22 +127,11 @@ impl KvCache {
                     .context("allocating KV cache")?,
             };
             if let Some(old) = layer.as_ref().filter(|_| self.len > 0) {
-                let keys = old
-                    .keys
-                    .narrow(1, 0, self.len)
-                    .context("growing KV cache")?;
-                let values = old
-                    .values
-                    .narrow(1, 0, self.len)
-                    .context("growing KV cache")?;
-                grown
-                    .keys
-                    .slice_set(&keys, 1, 0)
-                    .context("growing KV cache")?;
-                grown
-                    .values
-                    .slice_set(&values, 1, 0)
-                    .context("growing KV cache")?;
+                let copy = |from: &Tensor, to: &Tensor| {
+                    to.slice_set(&from.narrow(2, 0, self.len)?.contiguous()?, 2, 0)
+                };
+                copy(&old.keys, &grown.keys).context("growing KV cache")?;
+                copy(&old.values, &grown.values).context("growing KV cache")?;
             }
             *layer = Some(grown);
         }
@@ -148,9 +139,9 @@ impl KvCache {
         Ok(())
     }
 
-    /// Write `keys` and `values` of shape `(1, seq, kv_heads, head_dim)` for the
+    /// Write `keys` and `values` of shape `(1, kv_heads, seq, head_dim)` for the
     /// positions after the cached ones, and return every position of this layer
-    /// so far, shaped `(1, cached + seq, kv_heads, head_dim)`.
+    /// so far, shaped `(1, kv_heads, cached + seq, head_dim)`.
     ///
     /// Call [`KvCache::reserve`] first and [`KvCache::commit`] once all layers are written.
     pub(crate) fn append(
@@ -159,7 +150,7 @@ impl KvCache {
         keys: &Tensor,
         values: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
-        let seq = keys.dim(1).context("KV cache append")?;
+        let seq = keys.dim(2).context("KV cache append")?;
         let store = self.layers[layer]
             .as_ref()
             .expect("reserve() allocates every layer before append()");
@@ -167,16 +158,16 @@ impl KvCache {
         let values = values.to_dtype(self.dtype).context("KV cache append")?;
         store
             .keys
-            .slice_set(&keys, 1, self.len)
+            .slice_set(&keys, 2, self.len)
             .context("KV cache append")?;
         store
             .values
-            .slice_set(&values, 1, self.len)
+            .slice_set(&values, 2, self.len)
             .context("KV cache append")?;
         let total = self.len + seq;
         Ok((
-            store.keys.narrow(1, 0, total).context("KV cache read")?,
-            store.values.narrow(1, 0, total).context("KV cache read")?,
+            store.keys.narrow(2, 0, total).context("KV cache read")?,
+            store.values.narrow(2, 0, total).context("KV cache read")?,
         ))
     }
 
@@ -192,16 +183,17 @@ mod tests {
     use super::*;
 
     fn cache(max_len: usize) -> KvCache {
-        KvCache::new(2, 1, 2, max_len, DType::F32, &Device::Cpu)
+        KvCache::new(2, 2, 1, max_len, DType::F32, &Device::Cpu)
     }
 
     fn step(cache: &mut KvCache, tokens: &[u32]) -> Tensor {
         cache.reserve(tokens.len()).unwrap();
-        let values: Vec<f32> = tokens
+        // Two heads of width one: head 0 holds the token id, head 1 its negation.
+        let values: Vec<f32> = [1.0f32, -1.0]
             .iter()
-            .flat_map(|&t| [t as f32, -(t as f32)])
+            .flat_map(|sign| tokens.iter().map(move |&t| sign * t as f32))
             .collect();
-        let kv = Tensor::from_vec(values, (1, tokens.len(), 1, 2), &Device::Cpu).unwrap();
+        let kv = Tensor::from_vec(values, (1, 2, tokens.len(), 1), &Device::Cpu).unwrap();
         let mut all = None;
         for layer in 0..2 {
             all = Some(cache.append(layer, &kv, &kv).unwrap().0);
@@ -216,10 +208,13 @@ mod tests {
         let tokens: Vec<u32> = (0..300).collect();
         step(&mut cache, &tokens[..200]);
         let keys = step(&mut cache, &tokens[200..]);
-        assert_eq!(keys.dims(), &[1, 300, 1, 2]);
-        let firsts: Vec<f32> = keys.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let expected: Vec<f32> = (0..300).flat_map(|t| [t as f32, -(t as f32)]).collect();
-        assert_eq!(firsts, expected);
+        assert_eq!(keys.dims(), &[1, 2, 300, 1]);
+        let stored: Vec<f32> = keys.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let expected: Vec<f32> = [1.0f32, -1.0]
+            .iter()
+            .flat_map(|sign| (0..300).map(move |t| sign * t as f32))
+            .collect();
+        assert_eq!(stored, expected);
         assert_eq!(cache.tokens(), &tokens[..]);
     }
 
@@ -231,7 +226,7 @@ mod tests {
         cache.truncate(2);
         let keys = step(&mut cache, &[9]);
         let keys: Vec<f32> = keys.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        assert_eq!(keys, vec![1.0, -1.0, 2.0, -2.0, 9.0, -9.0]);
+        assert_eq!(keys, vec![1.0, 2.0, 9.0, -1.0, -2.0, -9.0]);
         assert_eq!(cache.tokens(), &[1, 2, 9]);
     }
 

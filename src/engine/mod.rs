@@ -115,6 +115,9 @@ pub struct Engine {
     tokenizer: Tokenizer,
     chat_template: Option<ChatTemplate>,
     cache: KvCache,
+    /// The logits after the last prefilled prompt, and that prompt's length:
+    /// valid while the cache still holds that prompt.
+    prompt_logits: Option<(usize, Tensor)>,
     prefix_cache: bool,
 }
 
@@ -168,6 +171,7 @@ impl Engine {
             tokenizer,
             chat_template,
             cache,
+            prompt_logits: None,
             prefix_cache: true,
         })
     }
@@ -290,13 +294,35 @@ impl Engine {
         } else {
             0
         };
+        // The same prompt again: its logits are kept, nothing needs computing.
+        // Re-running its last token instead would give logits that differ in
+        // the last float bits (one row is not multiplied as a batch is), which
+        // quantized decoding can amplify into a different greedy path.
+        if shared == prompt.len() {
+            if let Some((_, logits)) = self
+                .prompt_logits
+                .as_ref()
+                .filter(|(len, _)| *len == shared)
+            {
+                let logits = logits.clone();
+                self.cache.truncate(shared);
+                let usage = Usage {
+                    prompt_tokens: prompt.len(),
+                    reused_tokens: prompt.len(),
+                    ..Usage::default()
+                };
+                return Ok((logits, usage));
+            }
+        }
         // At least the last prompt token must run to produce its logits.
         let reused = shared.min(prompt.len() - 1);
         self.cache.truncate(reused);
+        self.prompt_logits = None;
         let start = Instant::now();
         let logits = self
             .model
             .forward(&prompt[reused..], &mut self.cache, Pass::Prompt)?;
+        self.prompt_logits = Some((prompt.len(), logits.clone()));
         let usage = Usage {
             prompt_tokens: prompt.len(),
             reused_tokens: reused,

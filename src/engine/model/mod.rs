@@ -5,6 +5,7 @@
 //! differ are properties of [`Architecture`], so there is no second copy of the
 //! model code with small variations.
 
+mod attention;
 mod transformer;
 mod weights;
 

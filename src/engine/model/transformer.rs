@@ -4,12 +4,12 @@
 //! The model holds no state between calls: the caller passes the [`KvCache`],
 //! whose length is the position of the first token given.
 
+use super::attention::{causal_attention, causal_mask};
 use super::weights::{Linear, Pass, PrefillWeights, WeightFile};
 use super::Config;
 use crate::engine::kv_cache::KvCache;
 use crate::error::{CandleContext, Result};
 use candle_core::{DType, Device, Tensor};
-use candle_nn::attention::{flash_attn, AttnMask};
 
 /// Prompts are encoded this many tokens at a time, which bounds the memory of
 /// the intermediate activations without slowing the GEMMs down.
@@ -184,11 +184,19 @@ impl Transformer {
         let ids = Tensor::new(tokens, &self.device)?;
         let mut x = self.embed_tokens.index_select(&ids, 0)?.unsqueeze(0)?;
         let (cos, sin) = self.rope.at(start, tokens.len())?;
+        let mask = causal_mask(tokens.len(), start + tokens.len(), &self.device)?;
         let eps = self.config.rms_norm_eps as f32;
         for (layer, block) in self.blocks.iter().enumerate() {
             let normed = candle_nn::ops::rms_norm(&x, &block.input_layernorm, eps)?;
-            let attended =
-                self.attention(&block.self_attn, &normed, layer, (&cos, &sin), cache, pass)?;
+            let rope = (&cos, &sin);
+            let attended = self.attention(
+                &block.self_attn,
+                &normed,
+                (layer, cache),
+                rope,
+                mask.as_ref(),
+                pass,
+            )?;
             x = (x + attended)?;
             let normed = candle_nn::ops::rms_norm(&x, &block.post_attention_layernorm, eps)?;
             x = (x + block.mlp.forward(&normed, pass)?)?;
@@ -200,54 +208,35 @@ impl Transformer {
         &self,
         attn: &Attention,
         x: &Tensor,
-        layer: usize,
+        (layer, cache): (usize, &mut KvCache),
         (cos, sin): (&Tensor, &Tensor),
-        cache: &mut KvCache,
+        mask: Option<&Tensor>,
         pass: Pass,
     ) -> candle_core::Result<Tensor> {
         let c = &self.config;
         let seq = x.dim(1)?;
-        let start = cache.len();
         // 1. Project: (1, seq, heads * head_dim).
         let q = attn.q_proj.forward(x, pass)?;
         let k = attn.k_proj.forward(x, pass)?;
         let v = attn.v_proj.forward(x, pass)?;
-        // 2. RoPE works on (1, heads, seq, head_dim).
-        let q = q
-            .reshape((1, seq, c.heads, c.head_dim))?
-            .transpose(1, 2)?
-            .contiguous()?;
-        let k = k
-            .reshape((1, seq, c.kv_heads, c.head_dim))?
-            .transpose(1, 2)?
-            .contiguous()?;
+        // 2. Split heads: (1, heads, seq, head_dim).
+        let heads_first = |t: Tensor, heads: usize| {
+            t.reshape((1, seq, heads, c.head_dim))?
+                .transpose(1, 2)?
+                .contiguous()
+        };
+        let q = heads_first(q, c.heads)?;
+        let k = heads_first(k, c.kv_heads)?;
+        let v = heads_first(v, c.kv_heads)?;
+        // 3. Rotate queries and keys by position.
         let q = self.rope.apply(&q, cos, sin)?;
         let k = self.rope.apply(&k, cos, sin)?;
-        // 3. Cache and attention work on (1, seq, heads, head_dim).
-        let q = q.transpose(1, 2)?.contiguous()?;
-        let k = k.transpose(1, 2)?.contiguous()?;
-        let v = v.reshape((1, seq, c.kv_heads, c.head_dim))?;
+        // 4. Cache, then attend over every position so far: (1, seq, heads * head_dim).
         let (keys, values) = cache
             .append(layer, &k, &v)
             .map_err(candle_core::Error::wrap)?;
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
-        // 4. Attend: (1, heads, seq, head_dim), then back to (1, seq, heads * head_dim).
-        let out = if self.device.is_cpu() {
-            flash_attn::<f32>(
-                &q,
-                &keys,
-                &values,
-                scale,
-                AttnMask::causal_with_offset(start),
-                None,
-                None,
-            )?
-        } else {
-            attention_reference(&q, &keys, &values, scale, start, c.heads / c.kv_heads)?
-        };
-        let out = out
-            .transpose(1, 2)?
-            .reshape((1, seq, c.heads * c.head_dim))?;
+        let scale = 1.0 / (c.head_dim as f64).sqrt();
+        let out = causal_attention(&q, &keys, &values, mask, scale)?;
         attn.o_proj.forward(&out, pass)
     }
 }
@@ -302,39 +291,4 @@ impl Rope {
             candle_nn::rotary_emb::rope(x, cos, sin)
         }
     }
-}
-
-/// Plain causal attention for devices without candle's fused CPU kernel.
-/// `q` is `(1, seq, heads, d)`, `keys`/`values` `(1, start + seq, kv_heads, d)`;
-/// the result is `(1, heads, seq, d)`, as `flash_attn` returns.
-fn attention_reference(
-    q: &Tensor,
-    keys: &Tensor,
-    values: &Tensor,
-    scale: f32,
-    start: usize,
-    groups: usize,
-) -> candle_core::Result<Tensor> {
-    let q = q.transpose(1, 2)?.contiguous()?;
-    let keys = candle_transformers::utils::repeat_kv(keys.transpose(1, 2)?.contiguous()?, groups)?;
-    let values =
-        candle_transformers::utils::repeat_kv(values.transpose(1, 2)?.contiguous()?, groups)?;
-    let seq = q.dim(2)?;
-    let total = keys.dim(2)?;
-    let scores = (q.matmul(&keys.t()?)? * f64::from(scale))?;
-    // Query i sits at position start + i and sees keys 0..=start + i.
-    let mask: Vec<f32> = (0..seq)
-        .flat_map(|i| {
-            (0..total).map(move |j| {
-                if j <= start + i {
-                    0.0
-                } else {
-                    f32::NEG_INFINITY
-                }
-            })
-        })
-        .collect();
-    let mask = Tensor::from_vec(mask, (seq, total), q.device())?.to_dtype(scores.dtype())?;
-    let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
-    probs.matmul(&values.contiguous()?)
 }
