@@ -149,3 +149,51 @@ fn no_prefix_cache_recomputes_everything() {
     assert_eq!(total["total"]["reused_tokens"], 0);
     assert_eq!(total["total"]["prompt_tokens"], 7);
 }
+
+fn summarize_with_tiny_model(document: &std::path::Path, extra: &[&str]) -> (bool, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), TinyArch::Llama, 3);
+    let out = dir.path().join("run");
+    let mut args = vec![
+        "summarize",
+        document.to_str().unwrap(),
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run_prism(&args)
+}
+
+#[test]
+fn summarize_refuses_an_empty_document() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.txt");
+    std::fs::write(&empty, "  \n\n").unwrap();
+    assert_one_error_line(&summarize_with_tiny_model(&empty, &[]), "is empty");
+}
+
+#[test]
+fn summarize_refuses_a_binary_document() {
+    let dir = tempfile::tempdir().unwrap();
+    let binary = dir.path().join("image.png");
+    std::fs::write(&binary, [0x89, b'P', b'N', b'G', 0, 0, 0, 13, 0xff, 0xd8]).unwrap();
+    assert_one_error_line(&summarize_with_tiny_model(&binary, &[]), "image.png");
+}
+
+#[test]
+fn summarize_refuses_chunks_larger_than_the_context() {
+    let dir = tempfile::tempdir().unwrap();
+    let doc = dir.path().join("doc.txt");
+    std::fs::write(&doc, "w2 w3 w4.\n\nw5 w6.\n").unwrap();
+    let (success, stdout, stderr) = summarize_with_tiny_model(&doc, &["--chunk-tokens", "4096"]);
+    assert!(!success && stdout.is_empty());
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(
+        errors[0].contains("does not fit the model's context of 256 tokens"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"));
+}

@@ -84,3 +84,54 @@ fn reused_tokens_equal_the_shared_prefix() {
     assert_eq!(generation.usage.reused_tokens, shared);
     assert_eq!(generation.usage.prompt_tokens, second.len());
 }
+
+/// `prism summarize --resume` after an interruption ends exactly where an
+/// uninterrupted greedy run does.
+#[test]
+fn summarize_resumes_to_the_same_result() {
+    fetched_model(FILE);
+    let dir = tempfile::tempdir().unwrap();
+    let doc = dir.path().join("story.txt");
+    let story: String = (1..=9)
+        .map(|i| format!("On day {i} the keeper of the lighthouse wrote that the storm had not yet passed, and that the supply boat was late again.\n\n"))
+        .collect();
+    std::fs::write(&doc, story).unwrap();
+    let run = |out: &std::path::Path, extra: &[&str]| {
+        let mut args = vec![
+            "summarize",
+            doc.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--chunk-tokens",
+            "100",
+            "--revision-tokens",
+            "40",
+            "--answer-tokens",
+            "40",
+        ];
+        args.extend_from_slice(extra);
+        let (success, _, stderr) = crate::common::run_prism(&args);
+        assert!(success, "{stderr}");
+        stderr
+    };
+    let whole = dir.path().join("whole");
+    run(&whole, &[]);
+    let parts = dir.path().join("parts");
+    let stderr = run(&parts, &["--stop-after-chunks", "1"]);
+    assert!(stderr.contains("continue with --resume"), "{stderr}");
+    run(&parts, &["--resume"]);
+    for file in ["summary.txt", "memory.json"] {
+        assert_eq!(
+            std::fs::read_to_string(whole.join(file)).unwrap(),
+            std::fs::read_to_string(parts.join(file)).unwrap(),
+            "{file} differs after resuming"
+        );
+    }
+    let steps = |dir: &std::path::Path| {
+        std::fs::read_to_string(dir.join("steps.jsonl"))
+            .unwrap()
+            .lines()
+            .count()
+    };
+    assert_eq!(steps(&whole), steps(&parts));
+}

@@ -3,6 +3,7 @@
 mod cli;
 mod common;
 mod engine;
+mod prism_loop;
 mod smollm2;
 mod source;
 mod tokens;

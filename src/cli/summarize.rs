@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use prism::engine::GenerateOptions;
 use prism::memory::Schema;
-use prism::methods::llm::{EngineLlm, Llm};
+use prism::methods::llm::EngineLlm;
 use prism::methods::prism::{run, MemoryMode, Outcome, Prism, PrismConfig, Progress, RunFiles};
 use prism::metrics::Figures;
 use prism::rundir::{fingerprint, RunDir};
@@ -55,6 +55,9 @@ pub struct SummarizeArgs {
     /// Continue the interrupted run in --out.
     #[arg(long)]
     resume: bool,
+    /// Read only the first chunks of the document, up to this many tokens in all.
+    #[arg(long)]
+    first_tokens: Option<usize>,
     /// Stop after this many chunks (the run can be continued with --resume).
     #[arg(long)]
     stop_after_chunks: Option<usize>,
@@ -77,6 +80,7 @@ struct RunIdentity<'a> {
     model: &'a str,
     method: &'static str,
     chunk_tokens: usize,
+    chunks: usize,
     schema: &'a serde_json::Value,
     prism: &'a PrismConfig,
     sampling: &'a prism::engine::sampling::SamplingConfig,
@@ -112,29 +116,45 @@ pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
         args.chunk_tokens,
         args.revision_tokens,
     );
+    let tokenizer = engine.tokenizer();
+    // Encoding the whole text once surfaces any tokenizer error here, so the
+    // chunker's counter (which cannot fail) never meets one.
+    let document_tokens = tokenizer.encode(&text)?.len();
+    let count = |piece: &str| tokenizer.encode(piece).map_or(usize::MAX, |ids| ids.len());
+    let mut chunks = prism::chunk::split(&text, args.chunk_tokens, &count)?;
+    if let Some(limit) = args.first_tokens {
+        let mut covered = 0;
+        chunks.retain(|chunk| {
+            covered += chunk.tokens;
+            covered <= limit
+        });
+        anyhow::ensure!(
+            !chunks.is_empty(),
+            "--first-tokens {limit} is less than the first chunk"
+        );
+    }
+    eprintln!(
+        "{}: {document_tokens} tokens; reading {} chunks of up to {} tokens",
+        args.document.display(),
+        chunks.len(),
+        args.chunk_tokens
+    );
     let identity = RunIdentity {
         document_sha256: format!("{:x}", Sha256::digest(text.as_bytes())),
         model: engine.name(),
         method: "prism",
         chunk_tokens: args.chunk_tokens,
+        chunks: chunks.len(),
         schema: &schema_json,
         prism: &config,
         sampling: &sampling,
     };
+    let fingerprint = fingerprint(&identity);
     let options = GenerateOptions {
         sampling: sampling.clone(),
         ..GenerateOptions::default()
     };
-    let fingerprint = fingerprint(&identity);
     let mut llm = EngineLlm::new(&mut engine, options);
-    let count = |piece: &str| llm.count_tokens(piece).unwrap_or(usize::MAX);
-    let chunks = prism::chunk::split(&text, args.chunk_tokens, &count)?;
-    eprintln!(
-        "{}: {} chunks of up to {} tokens",
-        args.document.display(),
-        chunks.len(),
-        args.chunk_tokens
-    );
 
     let dir = RunDir::create(&args.out)?;
     let files = RunFiles {

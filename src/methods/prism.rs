@@ -46,8 +46,9 @@ pub struct PrismConfig {
 /// A revision the program refused, with the reason.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Refused {
-    /// The revision as parsed, or the raw text that did not parse.
-    pub revision: String,
+    /// The revision as parsed; absent when the text did not parse (the reason quotes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
     pub reason: String,
 }
 
@@ -231,7 +232,7 @@ impl<'a> Prism<'a> {
                 Ok(revision) => revision,
                 Err(reason) => {
                     rejected.push(Refused {
-                        revision: String::new(),
+                        revision: None,
                         reason,
                     });
                     continue;
@@ -249,7 +250,7 @@ impl<'a> Prism<'a> {
                     applied.push(revision);
                 }
                 Err(rejection) => rejected.push(Refused {
-                    revision: render_revision(&revision).trim_end().to_string(),
+                    revision: Some(render_revision(&revision).trim_end().to_string()),
                     reason: rejection.reason,
                 }),
             }

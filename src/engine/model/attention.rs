@@ -109,7 +109,7 @@ mod tests {
     fn matches_a_naive_loop_with_grouped_heads_and_a_cached_prefix() {
         let (heads, kv_heads, seq, total, d) = (6, 2, 3, 5, 4);
         let values = |n: usize, salt: f32| -> Vec<f32> {
-            (0..n).map(|i| ((i as f32 * 0.37 + salt).sin())).collect()
+            (0..n).map(|i| (i as f32 * 0.37 + salt).sin()).collect()
         };
         let (q, k, v) = (
             values(heads * seq * d, 0.1),

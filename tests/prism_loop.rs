@@ -1,0 +1,319 @@
+//! The PRISM loop against a scripted model: revisions applied and refused,
+//! cache reuse of the two memory renderings, checkpoints and resume; then the
+//! token-prefix promise of amendments on the real tokenizer.
+
+use crate::common::fetched_model;
+use prism::chunk::{split, Chunk};
+use prism::engine::source::ModelSource;
+use prism::engine::{Engine, LoadOptions, Usage};
+use prism::memory::{render_revision, Schema};
+use prism::methods::llm::{Completion, Llm, Prompt};
+use prism::methods::prism::{
+    run, MemoryMode, NoProgress, Outcome, Prism, PrismConfig, PrismState, RunFiles, Step,
+};
+use prism::rundir::RunDir;
+
+/// A model that answers from a script and counts tokens as characters, with a
+/// prefix cache over the characters of the previous prompt, as the engine has
+/// over token ids.
+struct ScriptedLlm {
+    replies: Vec<String>,
+    calls: usize,
+    cached: Vec<char>,
+}
+
+impl ScriptedLlm {
+    fn new(replies: &[&str]) -> Self {
+        ScriptedLlm {
+            replies: replies.iter().map(|r| r.to_string()).collect(),
+            calls: 0,
+            cached: Vec::new(),
+        }
+    }
+
+    fn chars(prompt: &Prompt) -> Vec<char> {
+        prompt
+            .system
+            .iter()
+            .chain(&prompt.segments)
+            .flat_map(|s| s.chars())
+            .collect()
+    }
+}
+
+impl Llm for ScriptedLlm {
+    fn complete(&mut self, prompt: &Prompt, _max_tokens: usize) -> prism::Result<Completion> {
+        let chars = Self::chars(prompt);
+        let reused = self
+            .cached
+            .iter()
+            .zip(&chars)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let text = self.replies.get(self.calls).cloned().unwrap_or_default();
+        self.calls += 1;
+        self.cached = chars.clone();
+        Ok(Completion {
+            usage: Usage {
+                prompt_tokens: chars.len(),
+                reused_tokens: reused.min(chars.len() - 1),
+                output_tokens: text.chars().count(),
+                ..Usage::default()
+            },
+            text,
+        })
+    }
+
+    fn count_tokens(&self, text: &str) -> prism::Result<usize> {
+        Ok(text.chars().count())
+    }
+
+    fn prompt_tokens(&self, prompt: &Prompt) -> prism::Result<usize> {
+        Ok(Self::chars(prompt).len())
+    }
+
+    fn context_tokens(&self) -> usize {
+        1_000_000
+    }
+}
+
+fn book_schema() -> Schema {
+    Schema::from_file(concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/book.json")).unwrap()
+}
+
+fn config(memory: MemoryMode, updates: bool) -> PrismConfig {
+    PrismConfig {
+        memory,
+        updates,
+        query: "Summarize the story.".into(),
+        revision_tokens: 256,
+        answer_tokens: 256,
+    }
+}
+
+fn chunks(count: usize) -> Vec<Chunk> {
+    let text: String = (0..count)
+        .map(|i| format!("Paragraph {i} tells of the ship and its crew in some detail.\n\n"))
+        .collect();
+    split(&text, 60, &|piece: &str| piece.chars().count()).unwrap()
+}
+
+const REPLIES: [&str; 5] = [
+    r#"{"op": "add", "path": "$.Voyage", "value": ["The ship sails north."]}"#,
+    "```json\n{\"op\": \"add\", \"path\": \"$.Crew\", \"value\": [\"The crew is uneasy.\"]}\nnot json at all {\n```",
+    r#"{"op": "update", "path": "$.Voyage", "value": ["The ship sails north into ice."]}"#,
+    r#"{"op": "add", "path": "$.Voyage", "value": 42}"#,
+    "The ship sails north into ice while the crew grows uneasy.",
+];
+
+fn run_all(memory: MemoryMode, updates: bool, dir: &std::path::Path) -> (Outcome, Vec<Step>) {
+    let schema = book_schema();
+    let config = config(memory, updates);
+    let method = Prism::new(&config, &schema);
+    let mut llm = ScriptedLlm::new(&REPLIES);
+    let run_dir = RunDir::create(dir).unwrap();
+    let files = RunFiles {
+        dir: &run_dir,
+        fingerprint: "test".into(),
+        resume: false,
+        stop_after: None,
+    };
+    let outcome = run(&method, &mut llm, &chunks(4), &files, &mut NoProgress).unwrap();
+    let steps: Vec<Step> = run_dir.read_jsonl("steps.jsonl").unwrap();
+    (outcome, steps)
+}
+
+#[test]
+fn revisions_are_applied_refused_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (outcome, steps) = run_all(MemoryMode::Amendments, true, dir.path());
+    let Outcome::Finished { summary, stats } = outcome else {
+        panic!("the run should finish")
+    };
+    assert_eq!(summary, REPLIES[4]);
+    // Applied: Voyage, Crew, the update of Voyage. Refused: the prose-with-brace
+    // attempt and the number where the schema wants a list of sentences.
+    assert_eq!(stats.revisions_applied, 3);
+    assert_eq!(stats.revisions_rejected, 2);
+    assert_eq!(stats.calls, 5);
+    assert_eq!(steps.len(), 4);
+    assert!(
+        steps[3].rejected[0].reason.contains("$.Voyage"),
+        "{:?}",
+        steps[3].rejected
+    );
+    let memory: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("memory.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        memory,
+        serde_json::json!({"Voyage": ["The ship sails north into ice."], "Crew": ["The crew is uneasy."]})
+    );
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("stats.json")).unwrap())
+            .unwrap();
+    for key in [
+        "prompt_tokens",
+        "reused_tokens",
+        "net_tokens",
+        "output_tokens",
+        "cache_hit_rate",
+        "cost_index",
+        "calls",
+        "revisions_applied",
+        "revisions_rejected",
+        "wall_seconds",
+    ] {
+        assert!(saved.get(key).is_some(), "stats.json lacks {key}");
+    }
+}
+
+#[test]
+fn without_updates_an_update_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (outcome, steps) = run_all(MemoryMode::InPlace, false, dir.path());
+    let Outcome::Finished { stats, .. } = outcome else {
+        panic!()
+    };
+    assert_eq!(stats.revisions_applied, 2);
+    assert_eq!(stats.revisions_rejected, 3);
+    assert!(steps[2].rejected[0]
+        .reason
+        .contains("updates are turned off"));
+    let memory = std::fs::read_to_string(dir.path().join("memory.json")).unwrap();
+    assert!(memory.contains("The ship sails north.") && !memory.contains("into ice"));
+}
+
+#[test]
+fn amendments_reuse_more_of_the_prompt_than_in_place() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let hit = |outcome: Outcome| match outcome {
+        Outcome::Finished { stats, .. } => stats.figures.cache_hit_rate,
+        Outcome::Paused { .. } => panic!("the run should finish"),
+    };
+    let amendments = hit(run_all(MemoryMode::Amendments, true, a.path()).0);
+    let in_place = hit(run_all(MemoryMode::InPlace, true, b.path()).0);
+    assert!(
+        amendments > in_place,
+        "amendments {amendments} vs in place {in_place}"
+    );
+}
+
+#[test]
+fn an_interrupted_run_resumes_to_the_same_result() {
+    let schema = book_schema();
+    let config = config(MemoryMode::Amendments, true);
+    let method = Prism::new(&config, &schema);
+    let whole = tempfile::tempdir().unwrap();
+    let (
+        Outcome::Finished {
+            summary: expected, ..
+        },
+        expected_steps,
+    ) = run_all(MemoryMode::Amendments, true, whole.path())
+    else {
+        panic!()
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = RunDir::create(dir.path()).unwrap();
+    let mut files = RunFiles {
+        dir: &run_dir,
+        fingerprint: "test".into(),
+        resume: false,
+        stop_after: Some(2),
+    };
+    let mut llm = ScriptedLlm::new(&REPLIES);
+    let first = run(&method, &mut llm, &chunks(4), &files, &mut NoProgress).unwrap();
+    assert!(matches!(first, Outcome::Paused { completed: 2 }));
+    // Starting over in the same directory without --resume is refused.
+    files.stop_after = None;
+    assert!(run(
+        &method,
+        &mut ScriptedLlm::new(&REPLIES),
+        &chunks(4),
+        &files,
+        &mut NoProgress
+    )
+    .is_err());
+    // A new process picks up at chunk 3 with the model's replies from there on.
+    files.resume = true;
+    let mut llm = ScriptedLlm::new(&REPLIES[2..]);
+    let Outcome::Finished { summary, .. } =
+        run(&method, &mut llm, &chunks(4), &files, &mut NoProgress).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(summary, expected);
+    let steps: Vec<Step> = run_dir.read_jsonl("steps.jsonl").unwrap();
+    assert_eq!(steps.len(), expected_steps.len());
+    let applied = |steps: &[Step]| steps.iter().map(|s| s.applied.clone()).collect::<Vec<_>>();
+    assert_eq!(applied(&steps), applied(&expected_steps));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("memory.json")).unwrap(),
+        std::fs::read_to_string(whole.path().join("memory.json")).unwrap()
+    );
+    // A checkpoint made with other settings is refused.
+    files.fingerprint = "other".into();
+    let err = run(
+        &method,
+        &mut ScriptedLlm::new(&REPLIES),
+        &chunks(4),
+        &files,
+        &mut NoProgress,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("different settings"), "{err}");
+}
+
+/// With SmolLM2's tokenizer: the prompt of step i, up to the end of its memory,
+/// is a token prefix of the prompt of step i + 1 when memory is kept as amendments.
+#[test]
+fn amendments_keep_earlier_prompt_tokens_as_a_prefix() {
+    let source = ModelSource::Gguf {
+        path: fetched_model("SmolLM2-135M-Instruct.Q4_1.gguf"),
+        name: "smollm2".into(),
+    };
+    let engine = Engine::load(&source, &LoadOptions::default()).unwrap();
+    let schema = book_schema();
+    let config = config(MemoryMode::Amendments, true);
+    let method = Prism::new(&config, &schema);
+    let mut state = PrismState::new(&schema);
+    let chunk = &chunks(1)[0];
+    let lines = [
+        r#"{"op": "add", "path": "$.'Walton letters'", "value": ["Robert Walton writes to his sister Margaret."]}"#,
+        r#"{"op": "add", "path": "$.Victor", "value": ["Victor is found on the ice, near death."]}"#,
+        r#"{"op": "update", "path": "$.'Walton letters'", "value": ["Walton, at sea, writes to Margaret: 1.5 km, naïve hopes."]}"#,
+    ];
+    let mut previous: Option<Vec<u32>> = None;
+    for line in lines {
+        let prompt = method.revision_prompt(&state, chunk, 1);
+        // Everything before the chunk: system turn, preamble, memory.
+        let memory_end = prompt.segments.len() - 2;
+        let ids = engine
+            .segmented_chat_prompt(prompt.system.as_deref(), &prompt.segments[..memory_end])
+            .unwrap();
+        // Drop the template's closing tokens (end of turn, assistant opener).
+        let template = engine
+            .segmented_chat_prompt(prompt.system.as_deref(), &[])
+            .unwrap();
+        let closer = template.len() - common(&template, &ids);
+        let head = &ids[..ids.len() - closer];
+        if let Some(previous) = &previous {
+            assert!(
+                head.starts_with(previous),
+                "step prompt is not an extension of the last one"
+            );
+        }
+        previous = Some(head.to_vec());
+        let revision = prism::memory::parse_revisions(line).remove(0).unwrap();
+        state.memory = prism::memory::apply(&state.memory, &revision, &schema).unwrap();
+        state.amendments.push(revision.clone());
+        assert!(render_revision(&revision).ends_with('\n'));
+    }
+}
+
+/// Length of the common prefix of two id lists.
+fn common(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
