@@ -21,3 +21,29 @@ pub use path::{JsonPath, PathError, Segment};
 pub use render::{render_in_place, render_revision, Amendments};
 pub use revision::{apply, Op, Rejection, RejectionKind, Revision};
 pub use schema::{Next, NodeKind, PathPattern, Schema, SchemaNode};
+
+/// Helpers shared by the tests of this module's files.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::{JsonPath, Op, Revision, Schema};
+    use serde_json::Value;
+    use std::path::Path;
+
+    /// One of the schemas shipped in `schemas/`.
+    pub fn load(name: &str) -> Schema {
+        Schema::from_file(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("schemas")
+                .join(name),
+        )
+        .unwrap()
+    }
+
+    pub fn rev(op: Op, path: &str, value: Value) -> Revision {
+        Revision {
+            op,
+            path: JsonPath::parse(path).unwrap(),
+            value,
+        }
+    }
+}

@@ -174,24 +174,8 @@ mod tests {
     use crate::memory::revision::Op;
     use proptest::prelude::*;
     use serde_json::json;
-    use std::path::Path;
 
-    fn load(name: &str) -> Schema {
-        Schema::from_file(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("schemas")
-                .join(name),
-        )
-        .unwrap()
-    }
-
-    fn rev(op: Op, path: &str, value: Value) -> Revision {
-        Revision {
-            op,
-            path: JsonPath::parse(path).unwrap(),
-            value,
-        }
-    }
+    use crate::memory::testing::{load, rev};
 
     #[test]
     fn in_place_layout() {

@@ -63,6 +63,8 @@ pub struct Step {
     pub output_tokens: usize,
     pub applied: Vec<Revision>,
     pub rejected: Vec<Refused>,
+    /// What the model wrote, verbatim.
+    pub output: String,
     pub seconds: f64,
 }
 
@@ -219,6 +221,7 @@ impl<'a> Prism<'a> {
             output_tokens: figures.output_tokens,
             applied,
             rejected,
+            output: completion.text,
             seconds: start.elapsed().as_secs_f64(),
         })
     }

@@ -148,8 +148,8 @@ impl WeightFile {
         }
     }
 
-    /// A tensor as stored: quantized for GGUF, dense for safetensors (wrapped as an
-    /// unquantized `QTensor`-free variant).
+    /// The tensor `name` as the file stores it (quantized in GGUF files, dense
+    /// f32 from safetensors), after checking that its shape is `dims`.
     fn read(&mut self, name: &str, dims: &[usize], device: &Device) -> Result<Stored> {
         let stored = match self {
             WeightFile::Gguf {
