@@ -19,6 +19,8 @@ pub struct Figures {
     pub prefill_tokens_per_second: f64,
     /// Generated tokens per second of decoding.
     pub decode_tokens_per_second: f64,
+    /// Share of decoding time spent computing grammar masks, in 0..=1.
+    pub mask_share: f64,
 }
 
 impl Figures {
@@ -33,6 +35,7 @@ impl Figures {
             cost_index: (net_tokens as f64 + 3.0 * usage.output_tokens as f64) / 1e6,
             prefill_tokens_per_second: ratio(net_tokens as f64, usage.prefill_seconds),
             decode_tokens_per_second: ratio(usage.decode_steps as f64, usage.decode_seconds),
+            mask_share: ratio(usage.mask_seconds, usage.decode_seconds),
         }
     }
 }
@@ -78,6 +81,7 @@ mod tests {
             prefill_seconds: 2.0,
             decode_steps: 199,
             decode_seconds: 10.0,
+            mask_seconds: 0.5,
         };
         let figures = Figures::of(&usage);
         assert_eq!(figures.net_tokens, 310);
@@ -85,6 +89,7 @@ mod tests {
         assert!((figures.cost_index - 0.000910).abs() < 1e-12);
         assert!((figures.prefill_tokens_per_second - 155.0).abs() < 1e-9);
         assert!((figures.decode_tokens_per_second - 19.9).abs() < 1e-9);
+        assert!((figures.mask_share - 0.05).abs() < 1e-12);
     }
 
     #[test]

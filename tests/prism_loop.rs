@@ -42,7 +42,12 @@ impl ScriptedLlm {
 }
 
 impl Llm for ScriptedLlm {
-    fn complete(&mut self, prompt: &Prompt, _max_tokens: usize) -> prism::Result<Completion> {
+    fn complete(
+        &mut self,
+        prompt: &Prompt,
+        _max_tokens: usize,
+        _grammar: Option<&prism::engine::constraint::Grammar>,
+    ) -> prism::Result<Completion> {
         let chars = Self::chars(prompt);
         let reused = self
             .cached
@@ -88,6 +93,7 @@ fn config(memory: MemoryMode, updates: bool) -> PrismConfig {
         query: "Summarize the story.".into(),
         revision_tokens: 256,
         answer_tokens: 256,
+        constrained: false,
     }
 }
 

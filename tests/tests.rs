@@ -2,6 +2,7 @@
 
 mod cli;
 mod common;
+mod constrained;
 mod engine;
 mod prism_loop;
 mod smollm2;

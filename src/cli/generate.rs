@@ -4,6 +4,7 @@ use super::{EngineArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::{ArgMatches, Args};
 use prism::engine::chat::ChatMessage;
+use prism::engine::constraint::Grammar;
 use prism::engine::{GenerateOptions, Generation};
 use prism::metrics::{Figures, Ledger};
 use std::io::Write;
@@ -36,6 +37,18 @@ pub struct GenerateArgs {
     /// Print one JSON object per call, then one with the totals.
     #[arg(long)]
     json: bool,
+    /// Constrain the output to JSON that validates against this JSON Schema file.
+    #[arg(long, conflicts_with_all = ["lark", "regex"])]
+    json_schema: Option<PathBuf>,
+    /// Constrain the output to this Lark grammar file (llguidance's dialect).
+    #[arg(long, conflicts_with = "regex")]
+    lark: Option<PathBuf>,
+    /// Constrain the output to text matching this regular expression.
+    #[arg(long)]
+    regex: Option<String>,
+    /// `off` ignores --json-schema/--lark/--regex, to compare with unconstrained output.
+    #[arg(long, value_enum, default_value = "on")]
+    constrained: super::summarize::OnOff,
 }
 
 /// One line of `--json` output.
@@ -64,6 +77,7 @@ pub fn run(args: GenerateArgs, matches: &ArgMatches) -> Result<()> {
         max_tokens: args.max_tokens,
         sampling: args.sampling.config()?,
         stop: args.stop.clone(),
+        grammar: grammar(&args)?,
     };
     let mut engine = args.engine.load()?;
     let mut ledger = Ledger::default();
@@ -132,6 +146,22 @@ fn describe(f: &Figures) -> String {
         f.prefill_tokens_per_second,
         f.decode_tokens_per_second,
     )
+}
+
+/// The grammar --json-schema, --lark or --regex asks for, unless --constrained off.
+fn grammar(args: &GenerateArgs) -> Result<Option<Grammar>> {
+    if args.constrained == super::summarize::OnOff::Off {
+        return Ok(None);
+    }
+    if let Some(path) = &args.json_schema {
+        let schema = serde_json::from_str(&read_text(path)?)
+            .with_context(|| format!("{}: not JSON", path.display()))?;
+        return Ok(Some(Grammar::JsonSchema(schema)));
+    }
+    if let Some(path) = &args.lark {
+        return Ok(Some(Grammar::Lark(read_text(path)?)));
+    }
+    Ok(args.regex.clone().map(Grammar::Regex))
 }
 
 /// The prompts of --prompt and --prompt-file in command-line order.

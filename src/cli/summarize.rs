@@ -19,6 +19,12 @@ enum MethodName {
     Prism,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum MemoryArg {
     InPlace,
@@ -67,6 +73,9 @@ pub struct SummarizeArgs {
     /// The most tokens of the final answer.
     #[arg(long, default_value_t = 900)]
     answer_tokens: usize,
+    /// Decode revisions under a grammar derived from the schema (every line parses and type-checks).
+    #[arg(long, value_enum, default_value = "on")]
+    constrained: OnOff,
     #[command(flatten)]
     engine: EngineArgs,
     #[command(flatten)]
@@ -105,6 +114,7 @@ pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
         query: args.query.clone(),
         revision_tokens: args.revision_tokens,
         answer_tokens: args.answer_tokens,
+        constrained: args.constrained == OnOff::On,
     };
     let sampling = args.sampling.config()?;
 

@@ -6,6 +6,7 @@
 //! only the rest. Every call reports what it cost as a [`Usage`].
 
 pub mod chat;
+pub mod constraint;
 pub mod device;
 pub mod kv_cache;
 pub mod model;
@@ -13,10 +14,11 @@ pub mod sampling;
 pub mod source;
 pub mod tokenizer;
 
-use crate::error::{Error, Result};
+use crate::error::{CandleContext, Error, Result};
 use candle_core::quantized::gguf_file;
 use candle_core::Tensor;
 use chat::{ChatMessage, ChatTemplate};
+use constraint::{Grammar, Grammars};
 use device::DeviceChoice;
 use kv_cache::KvCache;
 use model::{Config, Pass, PrefillWeights, Transformer, WeightFile};
@@ -40,6 +42,8 @@ pub struct Usage {
     /// Single-token forward passes run while decoding.
     pub decode_steps: usize,
     pub decode_seconds: f64,
+    /// Time spent computing grammar masks (part of `decode_seconds`).
+    pub mask_seconds: f64,
 }
 
 impl std::ops::AddAssign<&Usage> for Usage {
@@ -50,6 +54,7 @@ impl std::ops::AddAssign<&Usage> for Usage {
         self.prefill_seconds += other.prefill_seconds;
         self.decode_steps += other.decode_steps;
         self.decode_seconds += other.decode_seconds;
+        self.mask_seconds += other.mask_seconds;
     }
 }
 
@@ -73,6 +78,8 @@ pub struct GenerateOptions {
     pub sampling: SamplingConfig,
     /// Generation stops when the text contains any of these; the text is cut before it.
     pub stop: Vec<String>,
+    /// When set, only tokens that keep the output inside this grammar are sampled.
+    pub grammar: Option<Grammar>,
 }
 
 impl Default for GenerateOptions {
@@ -81,6 +88,7 @@ impl Default for GenerateOptions {
             max_tokens: 256,
             sampling: SamplingConfig::default(),
             stop: Vec::new(),
+            grammar: None,
         }
     }
 }
@@ -119,6 +127,8 @@ pub struct Engine {
     /// valid while the cache still holds that prompt.
     prompt_logits: Option<(usize, Tensor)>,
     prefix_cache: bool,
+    /// Built on the first constrained generation.
+    grammars: std::cell::OnceCell<Grammars>,
 }
 
 impl Engine {
@@ -173,6 +183,7 @@ impl Engine {
             cache,
             prompt_logits: None,
             prefix_cache: true,
+            grammars: std::cell::OnceCell::new(),
         })
     }
 
@@ -348,6 +359,10 @@ impl Engine {
     /// Run `prompt` and generate up to `options.max_tokens` tokens after it.
     pub fn generate(&mut self, prompt: &[u32], options: &GenerateOptions) -> Result<Generation> {
         options.sampling.validate()?;
+        let mut constraint = match &options.grammar {
+            Some(grammar) => Some(self.grammars()?.constraint(grammar)?),
+            None => None,
+        };
         let (mut logits, mut usage) = self.prefill(prompt)?;
         let decode_start = Instant::now();
         let stop_ids = self.tokenizer.stop_token_ids().to_vec();
@@ -359,10 +374,21 @@ impl Engine {
             if tokens.len() == options.max_tokens {
                 break StopReason::MaxTokens;
             }
+            if let Some(constraint) = constraint.as_mut() {
+                let start = Instant::now();
+                let mut values = logits.to_vec1::<f32>().context("grammar mask")?;
+                constraint.mask(&mut values)?;
+                logits = Tensor::from_vec(values, logits.dims(), logits.device())
+                    .context("grammar mask")?;
+                usage.mask_seconds += start.elapsed().as_secs_f64();
+            }
             let token = sampler.sample(&logits, &history)?;
             usage.output_tokens += 1;
             if stop_ids.contains(&token) {
                 break StopReason::EndOfTurn;
+            }
+            if let Some(constraint) = constraint.as_mut() {
+                constraint.accept(token)?;
             }
             tokens.push(token);
             history.push(token);
@@ -389,6 +415,14 @@ impl Engine {
             stop_reason,
             usage,
         })
+    }
+
+    fn grammars(&self) -> Result<&Grammars> {
+        if let Some(grammars) = self.grammars.get() {
+            return Ok(grammars);
+        }
+        let built = Grammars::new(&self.tokenizer, self.model.config().vocab_size, &self.name)?;
+        Ok(self.grammars.get_or_init(|| built))
     }
 }
 

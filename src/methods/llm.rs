@@ -1,6 +1,7 @@
 //! The model as methods see it: prompts made of text segments in, text and
 //! usage out. Methods never touch tensors or token ids.
 
+use crate::engine::constraint::Grammar;
 use crate::engine::{Engine, GenerateOptions, Usage};
 use crate::error::Result;
 
@@ -24,8 +25,13 @@ pub struct Completion {
 
 /// A language model that completes prompts and counts tokens.
 pub trait Llm {
-    /// Generate at most `max_tokens` tokens after `prompt`.
-    fn complete(&mut self, prompt: &Prompt, max_tokens: usize) -> Result<Completion>;
+    /// Generate at most `max_tokens` tokens after `prompt`, inside `grammar` when given.
+    fn complete(
+        &mut self,
+        prompt: &Prompt,
+        max_tokens: usize,
+        grammar: Option<&Grammar>,
+    ) -> Result<Completion>;
     /// Tokens in `text` on its own.
     fn count_tokens(&self, text: &str) -> Result<usize>;
     /// Tokens in the whole prompt, chat template included.
@@ -41,7 +47,7 @@ pub struct EngineLlm<'a> {
 }
 
 impl<'a> EngineLlm<'a> {
-    /// `options.max_tokens` is replaced by each call's own limit.
+    /// `options.max_tokens` and `options.grammar` are replaced by each call's own.
     pub fn new(engine: &'a mut Engine, options: GenerateOptions) -> Self {
         EngineLlm { engine, options }
     }
@@ -53,10 +59,16 @@ impl<'a> EngineLlm<'a> {
 }
 
 impl Llm for EngineLlm<'_> {
-    fn complete(&mut self, prompt: &Prompt, max_tokens: usize) -> Result<Completion> {
+    fn complete(
+        &mut self,
+        prompt: &Prompt,
+        max_tokens: usize,
+        grammar: Option<&Grammar>,
+    ) -> Result<Completion> {
         let ids = self.token_ids(prompt)?;
         let options = GenerateOptions {
             max_tokens,
+            grammar: grammar.cloned(),
             ..self.options.clone()
         };
         let generation = self.engine.generate(&ids, &options)?;

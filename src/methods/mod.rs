@@ -5,3 +5,4 @@
 
 pub mod llm;
 pub mod prism;
+pub mod revision_grammar;

@@ -9,7 +9,9 @@
 //! only appends text; in place, the object is rewritten where it changed.
 
 use super::llm::{Llm, Prompt};
+use super::revision_grammar::revision_grammar;
 use crate::chunk::Chunk;
+use crate::engine::constraint::Grammar;
 use crate::error::{Error, Result};
 use crate::memory::{
     apply, parse_revisions, render_in_place, render_revision, Amendments, Op, Rejection, Revision,
@@ -41,7 +43,13 @@ pub struct PrismConfig {
     pub revision_tokens: usize,
     /// The most tokens the final answer may have.
     pub answer_tokens: usize,
+    /// Decode revisions under a grammar derived from the schema, so that every
+    /// line parses and type-checks.
+    pub constrained: bool,
 }
+
+/// The most revision lines one constrained step may write.
+const MAX_CONSTRAINED_LINES: usize = 4;
 
 /// A revision the program refused, with the reason.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -114,6 +122,8 @@ pub struct Prism<'a> {
     schema: &'a Schema,
     /// Instructions, query and schema: the first, never-changing user segment.
     preamble: String,
+    /// A revision line with placeholders, shaped like the schema's first new entry.
+    example_line: String,
 }
 
 const SYSTEM: &str = "You keep a structured memory of a long document that you read one chunk at a time. You change the memory only by writing revisions in the exact format asked for.";
@@ -121,10 +131,12 @@ const SYSTEM: &str = "You keep a structured memory of a long document that you r
 impl<'a> Prism<'a> {
     pub fn new(config: &'a PrismConfig, schema: &'a Schema) -> Self {
         let preamble = preamble(config, schema);
+        let example_line = example_line(schema);
         Prism {
             config,
             schema,
             preamble,
+            example_line,
         }
     }
 
@@ -170,18 +182,13 @@ impl<'a> Prism<'a> {
 
     fn revision_request(&self) -> String {
         let ops = if self.config.updates {
-            "\"add\" to create a path that does not exist yet or to append to a list, \"update\" to replace the value at a path that exists"
+            "\"add\" creates a path that does not exist yet or appends to an existing list; \"update\" replaces what an existing path holds"
         } else {
-            "\"add\" only: create a path that does not exist yet, or append to a list"
+            "\"add\" only: it creates a path that does not exist yet or appends to an existing list"
         };
         format!(
-            "\n## Your revisions\nWrite the revisions this chunk calls for, one JSON object per line, and nothing else. Each line has an op ({ops}), a path in the memory, and a value of the type the schema gives that path. For example:\n{}Write nothing if the chunk adds nothing worth keeping.\n",
-            render_revision(&Revision {
-                op: Op::Add,
-                path: crate::memory::JsonPath::parse("$.'A heading'")
-                    .expect("a literal path parses"),
-                value: Value::Array(vec![Value::String("One short sentence.".into())]),
-            })
+            "\n## Your revisions\nWrite the revisions this chunk calls for, one JSON object per line, and nothing else. Each line has an op ({ops}), a path in the memory, and a value of the type the schema gives that path, in this form:\n{}\nUse the names, places and events of this chunk; do not copy the placeholders.\n",
+            self.example_line
         )
     }
 
@@ -206,7 +213,15 @@ impl<'a> Prism<'a> {
                 ),
             ));
         }
-        let completion = llm.complete(&prompt, self.config.revision_tokens)?;
+        let grammar = self.config.constrained.then(|| {
+            Grammar::Lark(revision_grammar(
+                self.schema,
+                &state.memory,
+                self.config.updates,
+                MAX_CONSTRAINED_LINES,
+            ))
+        });
+        let completion = llm.complete(&prompt, self.config.revision_tokens, grammar.as_ref())?;
         state.ledger.record(&completion.usage);
         let (applied, rejected) = self.fold(state, &completion.text);
         state.revisions_applied += applied.len();
@@ -264,9 +279,47 @@ impl<'a> Prism<'a> {
     /// Ask for the final answer from the memory.
     pub fn answer(&self, llm: &mut dyn Llm, state: &mut PrismState) -> Result<String> {
         let prompt = self.answer_prompt(state);
-        let completion = llm.complete(&prompt, self.config.answer_tokens)?;
+        let completion = llm.complete(&prompt, self.config.answer_tokens, None)?;
         state.ledger.record(&completion.usage);
         Ok(completion.text.trim().to_string())
+    }
+}
+
+/// An `add` line for the first place an empty memory can grow, with
+/// placeholders where the model's own words go.
+fn example_line(schema: &Schema) -> String {
+    let empty = schema.empty_memory();
+    let Some((pattern, node)) = schema.add_targets(&empty).into_iter().next() else {
+        return String::new();
+    };
+    let path = match &pattern.next {
+        crate::memory::Next::NewKey => format!("{}.'<name>'", pattern.prefix),
+        _ => pattern.to_string(),
+    };
+    let line =
+        serde_json::json!({"op": "add", "path": path, "value": placeholder(schema, node, 0)});
+    // Same spacing as the memory's own revision lines.
+    serde_json::to_string(&line)
+        .expect("a JSON value serializes")
+        .replace("\",\"", "\", \"")
+        .replace("\":", "\": ")
+}
+
+/// A value of `node`'s type with `<…>` placeholders for its text.
+fn placeholder(schema: &Schema, node: &crate::memory::SchemaNode, depth: usize) -> Value {
+    use crate::memory::NodeKind;
+    match &schema.resolve(node).kind {
+        _ if depth > 3 => Value::String("<…>".into()),
+        NodeKind::Array { items } => Value::Array(vec![placeholder(schema, items, depth + 1)]),
+        NodeKind::Object { properties, .. } => Value::Object(
+            properties
+                .iter()
+                .map(|(key, child)| (key.clone(), placeholder(schema, child, depth + 1)))
+                .collect(),
+        ),
+        NodeKind::Number | NodeKind::Integer => Value::from(0),
+        NodeKind::Boolean => Value::Bool(true),
+        _ => Value::String("<what this chunk says>".into()),
     }
 }
 
