@@ -129,10 +129,11 @@ fn value_schema(schema: &Schema, node: &SchemaNode, depth: usize) -> Value {
         NodeKind::Any => json!({}),
         // Angle brackets are left out: prompts show placeholders in them, and
         // a small model would rather copy a placeholder than write its own text.
+        // The length bound sits in the pattern: llguidance drops `maxLength`
+        // when a `pattern` is given.
         NodeKind::String => json!({
             "type": "string",
-            "maxLength": MAX_STRING_CHARS,
-            "pattern": "^[^<>]*$",
+            "pattern": format!("^[^<>]{{0,{MAX_STRING_CHARS}}}$"),
         }),
         NodeKind::Number => json!({"type": "number"}),
         NodeKind::Integer => json!({"type": "integer"}),
@@ -195,6 +196,7 @@ mod tests {
         assert!(grammar
             .contains(r#"r0: "{\"op\": \"add\", \"path\": \"$.'" KEY "'\", \"value\": " %json "#));
         assert!(grammar.contains(r#""maxItems":4"#));
+        assert!(grammar.contains(r#""pattern":"^[^<>]{0,240}$""#), "{grammar}");
         assert!(!grammar.contains("update"));
     }
 
