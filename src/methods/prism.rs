@@ -49,7 +49,7 @@ pub struct PrismConfig {
 }
 
 /// The most revision lines one constrained step may write.
-const MAX_CONSTRAINED_LINES: usize = 4;
+const MAX_CONSTRAINED_LINES: usize = 3;
 
 /// A revision the program refused, with the reason.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

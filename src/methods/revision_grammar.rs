@@ -10,10 +10,12 @@ use crate::engine::constraint::fixed_spacing;
 use crate::memory::{JsonPath, Next, NodeKind, Schema, SchemaNode};
 use serde_json::{json, Map, Value};
 
-/// The longest string value a constrained revision may hold.
-const MAX_STRING_CHARS: usize = 240;
+/// The longest string value a constrained revision may hold. With at most
+/// three lines of three such strings a step's output stays well inside the
+/// default 512-token revision budget, so no line is ever cut off unfinished.
+const MAX_STRING_CHARS: usize = 120;
 /// The most items a constrained list value may hold.
-const MAX_LIST_ITEMS: usize = 4;
+const MAX_LIST_ITEMS: usize = 3;
 /// How a new map key may be spelled: no quotes or backslashes, so it needs no
 /// escaping inside the path or the JSON line.
 const NEW_KEY: &str = r"/[A-Za-z0-9][A-Za-z0-9 ,_-]{0,40}/";
@@ -195,8 +197,8 @@ mod tests {
         );
         assert!(grammar
             .contains(r#"r0: "{\"op\": \"add\", \"path\": \"$.'" KEY "'\", \"value\": " %json "#));
-        assert!(grammar.contains(r#""maxItems":4"#));
-        assert!(grammar.contains(r#""pattern":"^[^<>]{0,240}$""#), "{grammar}");
+        assert!(grammar.contains(r#""maxItems":3"#));
+        assert!(grammar.contains(r#""pattern":"^[^<>]{0,120}$""#), "{grammar}");
         assert!(!grammar.contains("update"));
     }
 
