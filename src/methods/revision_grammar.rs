@@ -198,7 +198,10 @@ mod tests {
         assert!(grammar
             .contains(r#"r0: "{\"op\": \"add\", \"path\": \"$.'" KEY "'\", \"value\": " %json "#));
         assert!(grammar.contains(r#""maxItems":3"#));
-        assert!(grammar.contains(r#""pattern":"^[^<>]{0,120}$""#), "{grammar}");
+        assert!(
+            grammar.contains(r#""pattern":"^[^<>]{0,120}$""#),
+            "{grammar}"
+        );
         assert!(!grammar.contains("update"));
     }
 
