@@ -144,9 +144,10 @@ pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
         );
     }
     eprintln!(
-        "{}: {document_tokens} tokens; reading {} chunks of up to {} tokens",
+        "{}: {document_tokens} tokens; reading {} chunk{} of up to {} tokens",
         args.document.display(),
         chunks.len(),
+        if chunks.len() == 1 { "" } else { "s" },
         args.chunk_tokens
     );
     let identity = RunIdentity {
