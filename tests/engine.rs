@@ -198,3 +198,34 @@ fn a_corrupt_gguf_is_a_clear_error() {
         .unwrap();
     assert!(matches!(err, prism::Error::BadModelFile { .. }), "{err}");
 }
+
+#[test]
+fn a_stop_string_ends_generation_and_is_cut_from_the_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = load_tiny(TinyArch::Llama, &dir);
+    let prompt: Vec<u32> = (2..12).collect();
+    let free = engine
+        .generate(
+            &prompt,
+            &GenerateOptions {
+                max_tokens: 8,
+                ..GenerateOptions::default()
+            },
+        )
+        .unwrap();
+    let first_word = free
+        .text
+        .split_whitespace()
+        .next()
+        .expect("the tiny model writes words")
+        .to_string();
+    let options = GenerateOptions {
+        max_tokens: 8,
+        stop: vec![first_word],
+        ..GenerateOptions::default()
+    };
+    let stopped = engine.generate(&prompt, &options).unwrap();
+    assert_eq!(stopped.stop_reason, prism::engine::StopReason::StopString);
+    assert_eq!(stopped.text, "");
+    assert_eq!(stopped.tokens.len(), 1);
+}

@@ -392,10 +392,14 @@ impl Engine {
             }
             tokens.push(token);
             history.push(token);
-            text = self.tokenizer.decode(&tokens, true)?;
-            if let Some(cut) = first_stop(&text, &options.stop) {
-                text.truncate(cut);
-                break StopReason::StopString;
+            // Only stop strings need the text while generating; otherwise it
+            // is decoded once at the end.
+            if !options.stop.is_empty() {
+                let so_far = self.tokenizer.decode(&tokens, true)?;
+                if let Some(cut) = first_stop(&so_far, &options.stop) {
+                    text = so_far[..cut].to_string();
+                    break StopReason::StopString;
+                }
             }
             if tokens.len() == options.max_tokens {
                 break StopReason::MaxTokens;
@@ -409,6 +413,9 @@ impl Engine {
             usage.decode_steps += 1;
         };
         usage.decode_seconds = decode_start.elapsed().as_secs_f64();
+        if stop_reason != StopReason::StopString {
+            text = self.tokenizer.decode(&tokens, true)?;
+        }
         Ok(Generation {
             text,
             tokens,

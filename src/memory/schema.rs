@@ -119,6 +119,23 @@ impl fmt::Display for PathPattern {
     }
 }
 
+/// The direct children of a memory value with the path step to each: the keys
+/// of an object, the indices of a list, nothing for a scalar.
+fn children_of(value: &Value) -> Vec<(Segment, &Value)> {
+    match value {
+        Value::Object(map) => map
+            .iter()
+            .map(|(key, child)| (Segment::Key(key.clone()), child))
+            .collect(),
+        Value::Array(list) => list
+            .iter()
+            .enumerate()
+            .map(|(index, child)| (Segment::Index(index), child))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// Where [`Schema::render_types`] wraps class and alias comments.
 const COMMENT_WIDTH: usize = 80;
 
@@ -452,19 +469,7 @@ impl Schema {
         path: &mut JsonPath,
         out: &mut Vec<(JsonPath, &'a SchemaNode)>,
     ) {
-        let children: Vec<(Segment, &Value)> = match value {
-            Value::Object(map) => map
-                .iter()
-                .map(|(k, v)| (Segment::Key(k.clone()), v))
-                .collect(),
-            Value::Array(list) => list
-                .iter()
-                .enumerate()
-                .map(|(i, v)| (Segment::Index(i), v))
-                .collect(),
-            _ => return,
-        };
-        for (segment, child_value) in children {
+        for (segment, child_value) in children_of(value) {
             let Some(child) = self.child(node, &segment) else {
                 continue;
             };
@@ -551,19 +556,7 @@ impl Schema {
             )),
             _ => return,
         }
-        let children: Vec<(Segment, &Value)> = match value {
-            Value::Object(map) => map
-                .iter()
-                .map(|(k, v)| (Segment::Key(k.clone()), v))
-                .collect(),
-            Value::Array(list) => list
-                .iter()
-                .enumerate()
-                .map(|(i, v)| (Segment::Index(i), v))
-                .collect(),
-            _ => Vec::new(),
-        };
-        for (segment, child_value) in children {
+        for (segment, child_value) in children_of(value) {
             if let Some(child) = self.child(node, &segment) {
                 path.push(segment);
                 self.collect_adds(child, child_value, path, out);
