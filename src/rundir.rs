@@ -75,7 +75,7 @@ impl RunDir {
     pub const SUMMARY: &'static str = "summary.txt";
     /// The structured memory after the last chunk.
     pub const MEMORY: &'static str = "memory.json";
-    /// One JSON line per step (chunk) of the run.
+    /// One JSON line per unit of work of the run (for PRISM: per chunk).
     pub const STEPS: &'static str = "steps.jsonl";
     /// The run's totals: tokens, cache hits, cost, time.
     pub const STATS: &'static str = "stats.json";
@@ -264,16 +264,16 @@ impl RunDir {
         Ok(Some(Checkpoint {
             version: raw.version,
             config_fingerprint: raw.config_fingerprint,
-            completed_chunks: raw.completed_chunks,
+            completed_steps: raw.completed_steps,
             state,
         }))
     }
 }
 
 /// The format of [`Checkpoint`] this build writes and reads.
-pub const CHECKPOINT_VERSION: u32 = 1;
+pub const CHECKPOINT_VERSION: u32 = 2;
 
-/// Everything a run needs to carry on after its first `completed_chunks` chunks:
+/// Everything a run needs to carry on after its first `completed_steps` units of work:
 /// the settings it was started with (as a fingerprint) and the method's own `state`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Checkpoint<S> {
@@ -281,19 +281,19 @@ pub struct Checkpoint<S> {
     pub version: u32,
     /// [`fingerprint`] of the run's settings.
     pub config_fingerprint: String,
-    /// How many chunks, from the first, are fully reflected in `state`.
-    pub completed_chunks: usize,
+    /// How many units of work (lines of `steps.jsonl`) are fully reflected in `state`.
+    pub completed_steps: usize,
     /// Whatever the method needs to resume: memory, partial summaries, ledger.
     pub state: S,
 }
 
 impl<S> Checkpoint<S> {
     /// A checkpoint in the current format.
-    pub fn new(config_fingerprint: impl Into<String>, completed_chunks: usize, state: S) -> Self {
+    pub fn new(config_fingerprint: impl Into<String>, completed_steps: usize, state: S) -> Self {
         Checkpoint {
             version: CHECKPOINT_VERSION,
             config_fingerprint: config_fingerprint.into(),
-            completed_chunks,
+            completed_steps,
             state,
         }
     }

@@ -1,5 +1,7 @@
 //! Helpers shared by the integration tests.
 
+use prism::engine::Usage;
+use prism::methods::llm::{Completion, Llm, Prompt};
 use std::path::PathBuf;
 
 /// Path of a model file that `scripts/setup` fetched into the models directory.
@@ -157,4 +159,78 @@ pub fn assert_one_error_line(result: &(bool, String, String), needle: &str) {
     assert_eq!(lines.len(), 1, "expected one error line, got: {stderr}");
     assert!(lines[0].starts_with("error: "), "{stderr}");
     assert!(lines[0].contains(needle), "`{needle}` not in: {stderr}");
+}
+
+/// A model that answers from a script and counts tokens as characters, with a
+/// prefix cache over the characters of the previous prompt, as the engine has
+/// over token ids.
+pub struct ScriptedLlm {
+    replies: Vec<String>,
+    /// Every prompt it was given, in order.
+    pub prompts: Vec<Prompt>,
+    cached: Vec<char>,
+}
+
+impl ScriptedLlm {
+    pub fn new(replies: &[&str]) -> Self {
+        ScriptedLlm {
+            replies: replies.iter().map(|r| r.to_string()).collect(),
+            prompts: Vec::new(),
+            cached: Vec::new(),
+        }
+    }
+
+    fn chars(prompt: &Prompt) -> Vec<char> {
+        prompt
+            .system
+            .iter()
+            .chain(&prompt.segments)
+            .flat_map(|s| s.chars())
+            .collect()
+    }
+}
+
+impl Llm for ScriptedLlm {
+    fn complete(
+        &mut self,
+        prompt: &Prompt,
+        _max_tokens: usize,
+        _grammar: Option<&prism::engine::constraint::Grammar>,
+    ) -> prism::Result<Completion> {
+        let chars = Self::chars(prompt);
+        let reused = self
+            .cached
+            .iter()
+            .zip(&chars)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let text = self
+            .replies
+            .get(self.prompts.len())
+            .cloned()
+            .unwrap_or_default();
+        self.prompts.push(prompt.clone());
+        self.cached = chars.clone();
+        Ok(Completion {
+            usage: Usage {
+                prompt_tokens: chars.len(),
+                reused_tokens: reused.min(chars.len() - 1),
+                output_tokens: text.chars().count(),
+                ..Usage::default()
+            },
+            text,
+        })
+    }
+
+    fn count_tokens(&self, text: &str) -> prism::Result<usize> {
+        Ok(text.chars().count())
+    }
+
+    fn prompt_tokens(&self, prompt: &Prompt) -> prism::Result<usize> {
+        Ok(Self::chars(prompt).len())
+    }
+
+    fn context_tokens(&self) -> usize {
+        1_000_000
+    }
 }

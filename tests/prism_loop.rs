@@ -2,85 +2,14 @@
 //! cache reuse of the two memory renderings, checkpoints and resume; then the
 //! token-prefix promise of amendments on the real tokenizer.
 
-use crate::common::fetched_model;
+use crate::common::{fetched_model, ScriptedLlm};
 use prism::chunk::{split, Chunk};
 use prism::engine::source::ModelSource;
-use prism::engine::{Engine, LoadOptions, Usage};
+use prism::engine::{Engine, LoadOptions};
 use prism::memory::{render_revision, Schema};
-use prism::methods::llm::{Completion, Llm, Prompt};
-use prism::methods::prism::{
-    run, MemoryMode, NoProgress, Outcome, Prism, PrismConfig, PrismState, RunFiles, Step,
-};
+use prism::methods::prism::{MemoryMode, Prism, PrismConfig, PrismState, Step};
+use prism::methods::run::{drive, NoProgress, Outcome, RunFiles};
 use prism::rundir::RunDir;
-
-/// A model that answers from a script and counts tokens as characters, with a
-/// prefix cache over the characters of the previous prompt, as the engine has
-/// over token ids.
-struct ScriptedLlm {
-    replies: Vec<String>,
-    calls: usize,
-    cached: Vec<char>,
-}
-
-impl ScriptedLlm {
-    fn new(replies: &[&str]) -> Self {
-        ScriptedLlm {
-            replies: replies.iter().map(|r| r.to_string()).collect(),
-            calls: 0,
-            cached: Vec::new(),
-        }
-    }
-
-    fn chars(prompt: &Prompt) -> Vec<char> {
-        prompt
-            .system
-            .iter()
-            .chain(&prompt.segments)
-            .flat_map(|s| s.chars())
-            .collect()
-    }
-}
-
-impl Llm for ScriptedLlm {
-    fn complete(
-        &mut self,
-        prompt: &Prompt,
-        _max_tokens: usize,
-        _grammar: Option<&prism::engine::constraint::Grammar>,
-    ) -> prism::Result<Completion> {
-        let chars = Self::chars(prompt);
-        let reused = self
-            .cached
-            .iter()
-            .zip(&chars)
-            .take_while(|(a, b)| a == b)
-            .count();
-        let text = self.replies.get(self.calls).cloned().unwrap_or_default();
-        self.calls += 1;
-        self.cached = chars.clone();
-        Ok(Completion {
-            usage: Usage {
-                prompt_tokens: chars.len(),
-                reused_tokens: reused.min(chars.len() - 1),
-                output_tokens: text.chars().count(),
-                ..Usage::default()
-            },
-            text,
-        })
-    }
-
-    fn count_tokens(&self, text: &str) -> prism::Result<usize> {
-        Ok(text.chars().count())
-    }
-
-    fn prompt_tokens(&self, prompt: &Prompt) -> prism::Result<usize> {
-        Ok(Self::chars(prompt).len())
-    }
-
-    fn context_tokens(&self) -> usize {
-        1_000_000
-    }
-}
 
 fn book_schema() -> Schema {
     Schema::from_file(concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/book.json")).unwrap()
@@ -124,7 +53,7 @@ fn run_all(memory: MemoryMode, updates: bool, dir: &std::path::Path) -> (Outcome
         resume: false,
         stop_after: None,
     };
-    let outcome = run(&method, &mut llm, &chunks(4), &files, &mut NoProgress).unwrap();
+    let outcome = drive(&method, &mut llm, &chunks(4), &files, &mut NoProgress).unwrap();
     let steps: Vec<Step> = run_dir.read_jsonl("steps.jsonl").unwrap();
     (outcome, steps)
 }
@@ -139,8 +68,8 @@ fn revisions_are_applied_refused_and_counted() {
     assert_eq!(summary, REPLIES[4]);
     // Applied: Voyage, Crew, the update of Voyage. Refused: the prose-with-brace
     // attempt and the number where the schema wants a list of sentences.
-    assert_eq!(stats.revisions_applied, 3);
-    assert_eq!(stats.revisions_rejected, 2);
+    assert_eq!(stats.extra["revisions_applied"], 3);
+    assert_eq!(stats.extra["revisions_rejected"], 2);
     assert_eq!(stats.calls, 5);
     assert_eq!(steps.len(), 4);
     assert!(
@@ -181,8 +110,8 @@ fn without_updates_an_update_is_refused_and_changes_nothing() {
     let Outcome::Finished { stats, .. } = outcome else {
         panic!()
     };
-    assert_eq!(stats.revisions_applied, 2);
-    assert_eq!(stats.revisions_rejected, 3);
+    assert_eq!(stats.extra["revisions_applied"], 2);
+    assert_eq!(stats.extra["revisions_rejected"], 3);
     assert!(steps[2].rejected[0]
         .reason
         .contains("updates are turned off"));
@@ -230,11 +159,11 @@ fn an_interrupted_run_resumes_to_the_same_result() {
         stop_after: Some(2),
     };
     let mut llm = ScriptedLlm::new(&REPLIES);
-    let first = run(&method, &mut llm, &chunks(4), &files, &mut NoProgress).unwrap();
+    let first = drive(&method, &mut llm, &chunks(4), &files, &mut NoProgress).unwrap();
     assert!(matches!(first, Outcome::Paused { completed: 2 }));
     // Starting over in the same directory without --resume is refused.
     files.stop_after = None;
-    assert!(run(
+    assert!(drive(
         &method,
         &mut ScriptedLlm::new(&REPLIES),
         &chunks(4),
@@ -246,7 +175,7 @@ fn an_interrupted_run_resumes_to_the_same_result() {
     files.resume = true;
     let mut llm = ScriptedLlm::new(&REPLIES[2..]);
     let Outcome::Finished { summary, .. } =
-        run(&method, &mut llm, &chunks(4), &files, &mut NoProgress).unwrap()
+        drive(&method, &mut llm, &chunks(4), &files, &mut NoProgress).unwrap()
     else {
         panic!()
     };
@@ -261,7 +190,7 @@ fn an_interrupted_run_resumes_to_the_same_result() {
     );
     // A checkpoint made with other settings is refused.
     files.fingerprint = "other".into();
-    let err = run(
+    let err = drive(
         &method,
         &mut ScriptedLlm::new(&REPLIES),
         &chunks(4),

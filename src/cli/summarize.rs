@@ -1,21 +1,32 @@
 //! `prism summarize`: read a document in chunks with a method and write the
-//! run directory (summary, memory, per-chunk steps, stats, checkpoint).
+//! run directory (summary, per-step lines, stats, checkpoint, and whatever
+//! else the method keeps, such as PRISM's memory).
+//!
+//! The pieces `bench` shares live here too: turning flags into a
+//! [`MethodSpec`], splitting the document, and running one method into one
+//! run directory.
 
 use super::{EngineArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use prism::engine::GenerateOptions;
+use prism::chunk::Chunk;
+use prism::engine::sampling::SamplingConfig;
+use prism::engine::{Engine, GenerateOptions};
 use prism::memory::Schema;
 use prism::methods::llm::EngineLlm;
-use prism::methods::prism::{run, MemoryMode, Outcome, Prism, PrismConfig, Progress, RunFiles};
+use prism::methods::prism::{MemoryMode, PrismConfig};
+use prism::methods::run::{Outcome, Position, Progress, RunFiles};
+use prism::methods::MethodSpec;
 use prism::metrics::Figures;
 use prism::rundir::{fingerprint, RunDir};
 use sha2::{Digest, Sha256};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum MethodName {
+/// The methods `--method` accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MethodName {
+    /// Structured memory with revisions (PRISM).
     Prism,
 }
 
@@ -25,10 +36,72 @@ pub enum OnOff {
     Off,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum MemoryArg {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MemoryArg {
     InPlace,
     Amendments,
+}
+
+/// The settings of every method; each method reads the ones it has.
+#[derive(Debug, Clone, Args)]
+pub struct MethodArgs {
+    /// What the final answer should be.
+    #[arg(
+        long,
+        default_value = "Summarize the document: the main events in order, the people involved and what drives them, the setting and the central themes."
+    )]
+    pub query: String,
+    /// The most tokens of the final answer.
+    #[arg(long, default_value_t = 900)]
+    pub answer_tokens: usize,
+    /// prism: how the memory is shown to the model.
+    #[arg(long, value_enum, default_value = "amendments")]
+    pub memory: MemoryArg,
+    /// prism: allow `add` revisions only (the paper's "without updates" ablation).
+    #[arg(long)]
+    pub no_updates: bool,
+    /// prism: the memory schema (a JSON Schema file).
+    #[arg(long, default_value = "schemas/book.json")]
+    pub schema: PathBuf,
+    /// prism: the most tokens one revision step may write.
+    #[arg(long, default_value_t = 512)]
+    pub revision_tokens: usize,
+    /// prism: decode revisions under a grammar derived from the schema (every line parses and type-checks).
+    #[arg(long, value_enum, default_value = "on")]
+    pub constrained: OnOff,
+}
+
+impl MethodArgs {
+    /// The spec of `method` with these settings.
+    pub fn spec(&self, method: MethodName) -> Result<MethodSpec> {
+        Ok(match method {
+            MethodName::Prism => MethodSpec::Prism {
+                config: PrismConfig {
+                    memory: match self.memory {
+                        MemoryArg::InPlace => MemoryMode::InPlace,
+                        MemoryArg::Amendments => MemoryMode::Amendments,
+                    },
+                    updates: !self.no_updates,
+                    query: self.query.clone(),
+                    revision_tokens: self.revision_tokens,
+                    answer_tokens: self.answer_tokens,
+                    constrained: self.constrained == OnOff::On,
+                },
+                schema: self.schema_json()?,
+            },
+        })
+    }
+
+    fn schema_json(&self) -> Result<serde_json::Value> {
+        let path = &self.schema;
+        let json: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(path)
+                .with_context(|| format!("reading schema {}", path.display()))?,
+        )
+        .with_context(|| format!("{}: not JSON", path.display()))?;
+        Schema::from_value(&json).with_context(|| format!("schema {}", path.display()))?;
+        Ok(json)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -37,25 +110,10 @@ pub struct SummarizeArgs {
     document: PathBuf,
     #[arg(long, value_enum, default_value = "prism")]
     method: MethodName,
-    /// How the memory is shown to the model.
-    #[arg(long, value_enum, default_value = "amendments")]
-    memory: MemoryArg,
-    /// Allow `add` revisions only (the paper's "without updates" ablation).
-    #[arg(long)]
-    no_updates: bool,
     /// Tokens per chunk; chunks end on paragraph or sentence boundaries.
     #[arg(long, default_value_t = 2048)]
     chunk_tokens: usize,
-    /// The memory schema (a JSON Schema file).
-    #[arg(long, default_value = "schemas/book.json")]
-    schema: PathBuf,
-    /// What the final answer should be.
-    #[arg(
-        long,
-        default_value = "Summarize the document: the main events in order, the people involved and what drives them, the setting and the central themes."
-    )]
-    query: String,
-    /// The run directory: summary.txt, memory.json, steps.jsonl, stats.json, checkpoint.json.
+    /// The run directory: summary.txt, steps.jsonl, stats.json, checkpoint.json (and memory.json for prism).
     #[arg(long)]
     out: PathBuf,
     /// Continue the interrupted run in --out.
@@ -64,178 +122,213 @@ pub struct SummarizeArgs {
     /// Read only the first chunks of the document, up to this many tokens in all.
     #[arg(long)]
     first_tokens: Option<usize>,
-    /// Stop after this many chunks (the run can be continued with --resume).
-    #[arg(long)]
+    /// Stop after this many steps (one chunk each for prism); continue with --resume.
+    #[arg(long, alias = "stop-after-steps")]
     stop_after_chunks: Option<usize>,
-    /// The most tokens one revision step may write.
-    #[arg(long, default_value_t = 512)]
-    revision_tokens: usize,
-    /// The most tokens of the final answer.
-    #[arg(long, default_value_t = 900)]
-    answer_tokens: usize,
-    /// Decode revisions under a grammar derived from the schema (every line parses and type-checks).
-    #[arg(long, value_enum, default_value = "on")]
-    constrained: OnOff,
+    #[command(flatten)]
+    method_args: MethodArgs,
     #[command(flatten)]
     engine: EngineArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
 }
 
-/// Everything that decides a run's result; its fingerprint guards `--resume`.
-#[derive(serde::Serialize)]
-struct RunIdentity<'a> {
-    document_sha256: String,
-    model: &'a str,
-    method: &'static str,
-    chunk_tokens: usize,
-    chunks: usize,
-    schema: &'a serde_json::Value,
-    prism: &'a PrismConfig,
-    sampling: &'a prism::engine::sampling::SamplingConfig,
-}
-
 pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
-    anyhow::ensure!(args.chunk_tokens > 0, "--chunk-tokens must be at least 1");
-    let text = prism::document::read_document(&args.document)?;
-    let schema_json: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(&args.schema)
-            .with_context(|| format!("reading schema {}", args.schema.display()))?,
-    )
-    .with_context(|| format!("{}: not JSON", args.schema.display()))?;
-    let schema = Schema::from_value(&schema_json)
-        .with_context(|| format!("schema {}", args.schema.display()))?;
-    let config = PrismConfig {
-        memory: match args.memory {
-            MemoryArg::InPlace => MemoryMode::InPlace,
-            MemoryArg::Amendments => MemoryMode::Amendments,
-        },
-        updates: !args.no_updates,
-        query: args.query.clone(),
-        revision_tokens: args.revision_tokens,
-        answer_tokens: args.answer_tokens,
-        constrained: args.constrained == OnOff::On,
-    };
+    let spec = args.method_args.spec(args.method)?;
     let sampling = args.sampling.config()?;
-
+    let text = prism::document::read_document(&args.document)?;
     let mut engine = args.engine.load()?;
-    let context = engine.context_tokens();
-    anyhow::ensure!(
-        args.chunk_tokens + args.revision_tokens < context,
-        "--chunk-tokens {} plus {} tokens of revisions does not fit the model's context of {context} tokens",
+    let document = Document::split(
+        &engine,
+        &args.document,
+        &text,
         args.chunk_tokens,
-        args.revision_tokens,
-    );
-    let tokenizer = engine.tokenizer();
-    // Encoding the whole text once surfaces any tokenizer error here, so the
-    // chunker's counter (which cannot fail) never meets one.
-    let document_tokens = tokenizer.encode(&text)?.len();
-    let count = |piece: &str| tokenizer.encode(piece).map_or(usize::MAX, |ids| ids.len());
-    let mut chunks = prism::chunk::split(&text, args.chunk_tokens, &count)?;
-    if let Some(limit) = args.first_tokens {
-        let mut covered = 0;
-        chunks.retain(|chunk| {
-            covered += chunk.tokens;
-            covered <= limit
-        });
-        anyhow::ensure!(
-            !chunks.is_empty(),
-            "--first-tokens {limit} is less than the first chunk"
-        );
-    }
+        args.first_tokens,
+    )?;
     eprintln!(
-        "{}: {document_tokens} tokens; reading {} chunk{} of up to {} tokens",
+        "{}: {} tokens; reading {} chunk{} of up to {} tokens",
         args.document.display(),
-        chunks.len(),
-        if chunks.len() == 1 { "" } else { "s" },
+        document.tokens,
+        document.chunks.len(),
+        if document.chunks.len() == 1 { "" } else { "s" },
         args.chunk_tokens
     );
-    let identity = RunIdentity {
-        document_sha256: format!("{:x}", Sha256::digest(text.as_bytes())),
-        model: engine.name(),
-        method: "prism",
-        chunk_tokens: args.chunk_tokens,
-        chunks: chunks.len(),
-        schema: &schema_json,
-        prism: &config,
+    let job = Job {
+        spec: &spec,
+        document: &document,
         sampling: &sampling,
-    };
-    let fingerprint = fingerprint(&identity);
-    let options = GenerateOptions {
-        sampling: sampling.clone(),
-        ..GenerateOptions::default()
-    };
-    let mut llm = EngineLlm::new(&mut engine, options);
-
-    let dir = RunDir::create(&args.out)?;
-    let files = RunFiles {
-        dir: &dir,
-        fingerprint,
+        out: &args.out,
         resume: args.resume,
         stop_after: args.stop_after_chunks,
     };
-    let method = Prism::new(&config, &schema);
-    let mut progress = Bar::new();
-    let outcome = run(&method, &mut llm, &chunks, &files, &mut progress)?;
+    let mut progress = Bar::new(String::new());
+    let outcome = job.run(&mut engine, &mut progress)?;
     progress.bar.finish_and_clear();
     match outcome {
         Outcome::Finished { summary, stats } => {
             println!("{summary}");
             eprintln!(
-                "{}: {} calls, cache hit {:.1}%, net {} tokens, output {}, cost index {:.4}, revisions applied {} / rejected {}, {:.0}s",
+                "{}: {} calls, cache hit {:.1}%, net {} tokens, output {}, cost index {:.4}, summary {} tokens, {:.0}s",
                 args.out.display(),
                 stats.calls,
                 100.0 * stats.figures.cache_hit_rate,
                 stats.figures.net_tokens,
                 stats.figures.output_tokens,
                 stats.figures.cost_index,
-                stats.revisions_applied,
-                stats.revisions_rejected,
+                stats.summary_tokens,
                 stats.wall_seconds,
             );
         }
         Outcome::Paused { completed } => eprintln!(
-            "{}: stopped after {completed} of {} chunks; continue with --resume",
+            "{}: stopped after {completed} steps; continue with --resume",
             args.out.display(),
-            chunks.len()
         ),
     }
     Ok(())
 }
 
-/// A progress bar on stderr: chunks done, cache hit rate so far, ETA.
-struct Bar {
-    bar: ProgressBar,
+/// A document split into chunks for one chunk size.
+pub struct Document {
+    pub sha256: String,
+    /// Tokens of the whole text.
+    pub tokens: usize,
+    pub chunk_tokens: usize,
+    pub chunks: Vec<Chunk>,
+}
+
+impl Document {
+    /// Split `text` into chunks of at most `chunk_tokens` tokens by `engine`'s
+    /// tokenizer, keeping only the first `first_tokens` tokens' worth when given.
+    pub fn split(
+        engine: &Engine,
+        path: &Path,
+        text: &str,
+        chunk_tokens: usize,
+        first_tokens: Option<usize>,
+    ) -> Result<Self> {
+        anyhow::ensure!(chunk_tokens > 0, "--chunk-tokens must be at least 1");
+        let context = engine.context_tokens();
+        anyhow::ensure!(
+            chunk_tokens < context,
+            "--chunk-tokens {chunk_tokens} does not fit the model's context of {context} tokens",
+        );
+        let tokenizer = engine.tokenizer();
+        // Encoding the whole text once surfaces any tokenizer error here, so the
+        // chunker's counter (which cannot fail) never meets one.
+        let tokens = tokenizer
+            .encode(text)
+            .with_context(|| format!("tokenizing {}", path.display()))?
+            .len();
+        let count = |piece: &str| tokenizer.encode(piece).map_or(usize::MAX, |ids| ids.len());
+        let mut chunks = prism::chunk::split(text, chunk_tokens, &count)?;
+        if let Some(limit) = first_tokens {
+            let mut covered = 0;
+            chunks.retain(|chunk| {
+                covered += chunk.tokens;
+                covered <= limit
+            });
+            anyhow::ensure!(
+                !chunks.is_empty(),
+                "--first-tokens {limit} is less than the first chunk"
+            );
+        }
+        Ok(Document {
+            sha256: format!("{:x}", Sha256::digest(text.as_bytes())),
+            tokens,
+            chunk_tokens,
+            chunks,
+        })
+    }
+}
+
+/// Everything that decides a run's result; its fingerprint guards `--resume`.
+#[derive(serde::Serialize)]
+struct RunIdentity<'a> {
+    document_sha256: &'a str,
+    model: &'a str,
+    chunk_tokens: usize,
+    chunks: usize,
+    spec: &'a MethodSpec,
+    sampling: &'a SamplingConfig,
+}
+
+/// One method over one split document into one run directory.
+pub struct Job<'a> {
+    pub spec: &'a MethodSpec,
+    pub document: &'a Document,
+    pub sampling: &'a SamplingConfig,
+    pub out: &'a Path,
+    pub resume: bool,
+    pub stop_after: Option<usize>,
+}
+
+impl Job<'_> {
+    pub fn run(&self, engine: &mut Engine, progress: &mut dyn Progress) -> Result<Outcome> {
+        let identity = RunIdentity {
+            document_sha256: &self.document.sha256,
+            model: engine.name(),
+            chunk_tokens: self.document.chunk_tokens,
+            chunks: self.document.chunks.len(),
+            spec: self.spec,
+            sampling: self.sampling,
+        };
+        let fingerprint = fingerprint(&identity);
+        let options = GenerateOptions {
+            sampling: self.sampling.clone(),
+            ..GenerateOptions::default()
+        };
+        let mut llm = EngineLlm::new(engine, options);
+        let dir = RunDir::create(self.out)?;
+        let files = RunFiles {
+            dir: &dir,
+            fingerprint,
+            resume: self.resume,
+            stop_after: self.stop_after,
+        };
+        Ok(self
+            .spec
+            .run(&mut llm, &self.document.chunks, &files, progress)?)
+    }
+}
+
+/// A progress bar on stderr: the stage, steps done, cache hit rate so far, ETA.
+pub struct Bar {
+    pub bar: ProgressBar,
+    /// Shown before the stage, e.g. the method and chunk size within a sweep.
+    prefix: String,
 }
 
 impl Bar {
-    fn new() -> Self {
+    pub fn new(prefix: String) -> Self {
         let bar = ProgressBar::new(0);
         bar.set_style(
             ProgressStyle::with_template(
-                "{spinner} chunk {pos}/{len} [{bar:30}] {msg} elapsed {elapsed} eta {eta}",
+                "{spinner} {pos}/{len} [{bar:30}] {msg} elapsed {elapsed} eta {eta}",
             )
             .expect("a valid progress template")
             .progress_chars("=> "),
         );
-        Bar { bar }
+        Bar { bar, prefix }
+    }
+
+    fn show(&self, position: &Position, figures: Option<&Figures>) {
+        self.bar.set_length(position.total as u64);
+        self.bar.set_position(position.done as u64);
+        let hit = figures.map_or(String::new(), |figures| {
+            format!(", cache hit {:.1}%", 100.0 * figures.cache_hit_rate)
+        });
+        self.bar
+            .set_message(format!("{}{}{hit}", self.prefix, position.stage));
     }
 }
 
 impl Progress for Bar {
-    fn begin(&mut self, total: usize, done: usize) {
-        self.bar.set_length(total as u64);
-        self.bar.set_position(done as u64);
+    fn begin(&mut self, position: &Position) {
+        self.show(position, None);
         self.bar.reset_eta();
     }
 
-    fn chunk_done(&mut self, done: usize, figures: &Figures) {
-        self.bar.set_position(done as u64);
-        self.bar
-            .set_message(format!("cache hit {:.1}%", 100.0 * figures.cache_hit_rate));
-    }
-
-    fn answering(&mut self) {
-        self.bar.set_message("writing the final answer");
+    fn step_done(&mut self, position: &Position, figures: &Figures) {
+        self.show(position, Some(figures));
     }
 }

@@ -10,15 +10,16 @@
 
 use super::llm::{Llm, Prompt};
 use super::revision_grammar::revision_grammar;
+use super::run::{Advance, Finish, Method, Position};
 use crate::chunk::Chunk;
 use crate::engine::constraint::Grammar;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::memory::{
     apply, parse_revisions, render_in_place, render_revision, Amendments, Op, Rejection, Revision,
     Schema,
 };
-use crate::metrics::{Figures, Ledger};
-use crate::rundir::{Checkpoint, RunDir};
+use crate::metrics::Figures;
+use crate::rundir::RunDir;
 use serde_json::Value;
 use std::time::Instant;
 
@@ -83,11 +84,10 @@ pub struct PrismState {
     pub memory: Value,
     /// The same memory as amendments (kept in both modes: it is the log of accepted revisions).
     pub amendments: Amendments,
-    pub ledger: Ledger,
+    /// Chunks read so far.
+    pub chunks_read: usize,
     pub revisions_applied: usize,
     pub revisions_rejected: usize,
-    /// Seconds spent in earlier sessions of this run.
-    pub seconds: f64,
 }
 
 impl PrismState {
@@ -96,24 +96,11 @@ impl PrismState {
         PrismState {
             amendments: Amendments::new(memory.clone()),
             memory,
-            ledger: Ledger::default(),
+            chunks_read: 0,
             revisions_applied: 0,
             revisions_rejected: 0,
-            seconds: 0.0,
         }
     }
-}
-
-/// The final figures of a run, as `stats.json`.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct Stats {
-    #[serde(flatten)]
-    pub figures: Figures,
-    pub calls: usize,
-    pub chunks: usize,
-    pub revisions_applied: usize,
-    pub revisions_rejected: usize,
-    pub wall_seconds: f64,
 }
 
 /// The PRISM loop over one document.
@@ -202,17 +189,6 @@ impl<'a> Prism<'a> {
     ) -> Result<Step> {
         let start = Instant::now();
         let prompt = self.revision_prompt(state, chunk, chunks);
-        let prompt_tokens = llm.prompt_tokens(&prompt)?;
-        if prompt_tokens + self.config.revision_tokens >= llm.context_tokens() {
-            return Err(Error::invalid(
-                format!("chunk {}", chunk.index + 1),
-                format!(
-                    "the prompt has grown to {prompt_tokens} tokens, too long for the model's context of {} with {} tokens to generate; use a smaller --chunk-tokens",
-                    llm.context_tokens(),
-                    self.config.revision_tokens
-                ),
-            ));
-        }
         let grammar = self.config.constrained.then(|| {
             Grammar::Lark(revision_grammar(
                 self.schema,
@@ -222,7 +198,6 @@ impl<'a> Prism<'a> {
             ))
         });
         let completion = llm.complete(&prompt, self.config.revision_tokens, grammar.as_ref())?;
-        state.ledger.record(&completion.usage);
         let (applied, rejected) = self.fold(state, &completion.text);
         state.revisions_applied += applied.len();
         state.revisions_rejected += rejected.len();
@@ -277,10 +252,9 @@ impl<'a> Prism<'a> {
     }
 
     /// Ask for the final answer from the memory.
-    pub fn answer(&self, llm: &mut dyn Llm, state: &mut PrismState) -> Result<String> {
+    pub fn answer(&self, llm: &mut dyn Llm, state: &PrismState) -> Result<String> {
         let prompt = self.answer_prompt(state);
         let completion = llm.complete(&prompt, self.config.answer_tokens, None)?;
-        state.ledger.record(&completion.usage);
         Ok(completion.text.trim().to_string())
     }
 }
@@ -343,111 +317,61 @@ fn preamble(config: &PrismConfig, schema: &Schema) -> String {
     )
 }
 
-/// Where a run reports its progress (the CLI draws a progress bar).
-pub trait Progress {
-    /// `done` of `total` chunks are finished (more than zero when resuming).
-    fn begin(&mut self, total: usize, done: usize);
-    /// One more chunk is finished; `figures` are the run's totals so far.
-    fn chunk_done(&mut self, done: usize, figures: &Figures);
-    /// All chunks are read; the final answer is being written.
-    fn answering(&mut self);
-}
+impl Method for Prism<'_> {
+    type State = PrismState;
+    type Step = Step;
 
-/// Progress that goes nowhere, for tests and quiet runs.
-pub struct NoProgress;
-
-impl Progress for NoProgress {
-    fn begin(&mut self, _: usize, _: usize) {}
-    fn chunk_done(&mut self, _: usize, _: &Figures) {}
-    fn answering(&mut self) {}
-}
-
-/// How a call to [`run`] ended.
-#[derive(Debug)]
-pub enum Outcome {
-    /// Every chunk was read and the answer written.
-    Finished { summary: String, stats: Stats },
-    /// `stop_after` chunks were read this time; `--resume` continues.
-    Paused { completed: usize },
-}
-
-/// Where and how a run keeps its files.
-pub struct RunFiles<'a> {
-    pub dir: &'a RunDir,
-    /// Identifies the run's settings; a checkpoint made with others is refused.
-    pub fingerprint: String,
-    /// Continue from the checkpoint in `dir` instead of starting afresh.
-    pub resume: bool,
-    /// Stop after this many chunks in this session (the run stays resumable).
-    pub stop_after: Option<usize>,
-}
-
-const STEPS: &str = "steps.jsonl";
-
-/// Read every chunk, revising the memory, then answer; checkpoint after each chunk.
-pub fn run(
-    prism: &Prism,
-    llm: &mut dyn Llm,
-    chunks: &[Chunk],
-    files: &RunFiles,
-    progress: &mut dyn Progress,
-) -> Result<Outcome> {
-    let dir = files.dir;
-    let checkpoint = dir.load_checkpoint::<PrismState>(&files.fingerprint)?;
-    let (mut state, completed) = match checkpoint {
-        Some(checkpoint) if files.resume => (checkpoint.state, checkpoint.completed_chunks),
-        Some(_) => {
-            return Err(Error::invalid(
-                dir.path().display().to_string(),
-                "holds a run already; pass --resume to continue it, or choose another --out",
-            ))
+    fn label(&self) -> String {
+        let memory = match self.config.memory {
+            MemoryMode::InPlace => "in-place",
+            MemoryMode::Amendments => "amendments",
+        };
+        let mut label = format!("prism-{memory}");
+        if !self.config.updates {
+            label.push_str("-no-updates");
         }
-        None => (PrismState::new(prism.schema), 0),
-    };
-    // Keep steps.jsonl in step with the checkpoint: a crash between the two
-    // writes must not leave a step recorded twice.
-    let mut steps: Vec<Step> = dir.read_jsonl(STEPS)?;
-    steps.truncate(completed);
-    dir.rewrite_jsonl(STEPS, &steps)?;
-
-    progress.begin(chunks.len(), completed.min(chunks.len()));
-    let session = Instant::now();
-    let mut seconds_at_save = 0.0;
-    for chunk in chunks.iter().skip(completed) {
-        if files
-            .stop_after
-            .is_some_and(|limit| chunk.index - completed >= limit)
-        {
-            return Ok(Outcome::Paused {
-                completed: chunk.index,
-            });
+        if !self.config.constrained {
+            label.push_str("-unconstrained");
         }
-        let step = prism.step(llm, &mut state, chunk, chunks.len())?;
-        dir.append_jsonl(STEPS, &step)?;
-        let now = session.elapsed().as_secs_f64();
-        state.seconds += now - seconds_at_save;
-        seconds_at_save = now;
-        dir.save_checkpoint(&Checkpoint::new(
-            files.fingerprint.clone(),
-            chunk.index + 1,
-            state.clone(),
-        ))?;
-        progress.chunk_done(chunk.index + 1, &state.ledger.figures());
+        label
     }
 
-    progress.answering();
-    let summary = prism.answer(llm, &mut state)?;
-    state.seconds += session.elapsed().as_secs_f64() - seconds_at_save;
-    let stats = Stats {
-        figures: state.ledger.figures(),
-        calls: state.ledger.calls,
-        chunks: chunks.len(),
-        revisions_applied: state.revisions_applied,
-        revisions_rejected: state.revisions_rejected,
-        wall_seconds: state.seconds,
-    };
-    dir.write_text("summary.txt", &format!("{summary}\n"))?;
-    dir.write_json("memory.json", &state.memory)?;
-    dir.write_json("stats.json", &stats)?;
-    Ok(Outcome::Finished { summary, stats })
+    fn start(&self, _chunks: &[Chunk]) -> PrismState {
+        PrismState::new(self.schema)
+    }
+
+    fn position(&self, state: &PrismState, chunks: &[Chunk]) -> Position {
+        let stage = if state.chunks_read < chunks.len() {
+            format!("chunk {}/{}", state.chunks_read + 1, chunks.len())
+        } else {
+            "final answer".to_string()
+        };
+        Position {
+            done: state.chunks_read,
+            total: chunks.len() + 1,
+            stage,
+        }
+    }
+
+    fn advance(
+        &self,
+        llm: &mut dyn Llm,
+        state: &mut PrismState,
+        chunks: &[Chunk],
+    ) -> Result<Advance<Step>> {
+        if let Some(chunk) = chunks.get(state.chunks_read) {
+            let step = self.step(llm, state, chunk, chunks.len())?;
+            state.chunks_read += 1;
+            return Ok(Advance::Step(step));
+        }
+        let summary = self.answer(llm, state)?;
+        let mut stats = serde_json::Map::new();
+        stats.insert("revisions_applied".into(), state.revisions_applied.into());
+        stats.insert("revisions_rejected".into(), state.revisions_rejected.into());
+        Ok(Advance::Done(Finish {
+            summary,
+            files: vec![(RunDir::MEMORY, state.memory.clone())],
+            stats,
+        }))
+    }
 }

@@ -1,0 +1,272 @@
+//! What every method shares when it runs: the ledger of model calls, one line
+//! of `steps.jsonl` per unit of work, a checkpoint after each unit so an
+//! interrupted run resumes where it stopped, and the final `summary.txt` and
+//! `stats.json`.
+//!
+//! A method is a state machine ([`Method`]): the driver ([`drive`]) asks it
+//! for one unit of work at a time until it says it is done. The method only
+//! sees an [`Llm`] that records every call in the run's ledger and refuses a
+//! prompt that would not fit the context, so no method can forget either.
+
+use super::llm::{Completion, Llm, Prompt};
+use crate::chunk::Chunk;
+use crate::engine::constraint::Grammar;
+use crate::error::{Error, Result};
+use crate::metrics::{Figures, Ledger};
+use crate::rundir::{Checkpoint, RunDir};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{Map, Value};
+use std::time::Instant;
+
+/// A summarization method, as a sequence of resumable units of work.
+pub trait Method {
+    /// Everything carried from one unit to the next; saved in checkpoints.
+    type State: Clone + Serialize + DeserializeOwned;
+    /// What one unit did, as a line of `steps.jsonl`.
+    type Step: Serialize + DeserializeOwned;
+
+    /// The name `stats.json` reports, e.g. `prism-amendments`.
+    fn label(&self) -> String;
+    /// The state before the first unit.
+    fn start(&self, chunks: &[Chunk]) -> Self::State;
+    /// Where the run stands, for progress reports.
+    fn position(&self, state: &Self::State, chunks: &[Chunk]) -> Position;
+    /// Do the next unit of work: one model call or a few. It must leave
+    /// `state` complete, since the run may stop right after it.
+    fn advance(
+        &self,
+        llm: &mut dyn Llm,
+        state: &mut Self::State,
+        chunks: &[Chunk],
+    ) -> Result<Advance<Self::Step>>;
+}
+
+/// What a unit of work ended with.
+#[derive(Debug)]
+pub enum Advance<S> {
+    /// More work follows.
+    Step(S),
+    /// The summary is written; no step line is recorded for this unit.
+    Done(Finish),
+}
+
+/// A finished method's output.
+#[derive(Debug, Default)]
+pub struct Finish {
+    pub summary: String,
+    /// Further JSON files for the run directory, e.g. `memory.json`.
+    pub files: Vec<(&'static str, Value)>,
+    /// Method-specific figures, added to `stats.json` next to the shared ones.
+    pub stats: Map<String, Value>,
+}
+
+/// How far a run is: `done` of about `total` units; `stage` names the next one.
+///
+/// `total` is an estimate for methods whose work depends on what the model
+/// writes (compression retries, merge levels).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Position {
+    pub done: usize,
+    pub total: usize,
+    pub stage: String,
+}
+
+/// Where a run reports its progress (the CLI draws a progress bar).
+pub trait Progress {
+    /// The run starts or resumes at `position`.
+    fn begin(&mut self, position: &Position);
+    /// A unit finished; `figures` are the run's totals so far.
+    fn step_done(&mut self, position: &Position, figures: &Figures);
+}
+
+/// Progress that goes nowhere, for tests and quiet runs.
+pub struct NoProgress;
+
+impl Progress for NoProgress {
+    fn begin(&mut self, _: &Position) {}
+    fn step_done(&mut self, _: &Position, _: &Figures) {}
+}
+
+/// Where and how a run keeps its files.
+pub struct RunFiles<'a> {
+    pub dir: &'a RunDir,
+    /// Identifies the run's settings; a checkpoint made with others is refused.
+    pub fingerprint: String,
+    /// Continue from the checkpoint in `dir` instead of starting afresh.
+    pub resume: bool,
+    /// Stop after this many units in this session (the run stays resumable).
+    pub stop_after: Option<usize>,
+}
+
+/// The final figures of a run, as `stats.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Stats {
+    pub method: String,
+    #[serde(flatten)]
+    pub figures: Figures,
+    pub calls: usize,
+    pub chunks: usize,
+    /// Units of work, one line of `steps.jsonl` each.
+    pub steps: usize,
+    pub summary_tokens: usize,
+    pub summary_words: usize,
+    /// Seconds of work over every session of the run.
+    pub wall_seconds: f64,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// How a call to [`drive`] ended.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The method finished; the summary and stats are written.
+    Finished { summary: String, stats: Stats },
+    /// `stop_after` units ran this time; `--resume` continues.
+    Paused { completed: usize },
+}
+
+/// What a checkpoint holds besides the method's own state.
+#[derive(Clone, Serialize, serde::Deserialize)]
+struct Saved<S> {
+    method: S,
+    ledger: Ledger,
+    /// Seconds spent in earlier sessions of this run.
+    seconds: f64,
+}
+
+/// Run `method` over `chunks` to the end (or to `files.stop_after`),
+/// checkpointing after every unit.
+pub fn drive<M: Method>(
+    method: &M,
+    llm: &mut dyn Llm,
+    chunks: &[Chunk],
+    files: &RunFiles,
+    progress: &mut dyn Progress,
+) -> Result<Outcome> {
+    let dir = files.dir;
+    let checkpoint = dir.load_checkpoint::<Saved<M::State>>(&files.fingerprint)?;
+    let (mut saved, mut completed) = match checkpoint {
+        Some(checkpoint) if files.resume => (checkpoint.state, checkpoint.completed_steps),
+        Some(_) => {
+            return Err(Error::invalid(
+                dir.path().display().to_string(),
+                "holds a run already; pass --resume to continue it, or choose another --out",
+            ))
+        }
+        None => (
+            Saved {
+                method: method.start(chunks),
+                ledger: Ledger::default(),
+                seconds: 0.0,
+            },
+            0,
+        ),
+    };
+    // Keep steps.jsonl in step with the checkpoint: a crash between the two
+    // writes must not leave a step recorded twice.
+    let mut steps: Vec<M::Step> = dir.read_jsonl(RunDir::STEPS)?;
+    steps.truncate(completed);
+    dir.rewrite_jsonl(RunDir::STEPS, &steps)?;
+    drop(steps);
+
+    progress.begin(&method.position(&saved.method, chunks));
+    let session = Instant::now();
+    let mut seconds_at_save = 0.0;
+    let mut this_session = 0;
+    let finish = loop {
+        if files.stop_after.is_some_and(|limit| this_session >= limit) {
+            return Ok(Outcome::Paused { completed });
+        }
+        let position = method.position(&saved.method, chunks);
+        let mut metered = Metered {
+            stage: &position.stage,
+            inner: &mut *llm,
+            ledger: &mut saved.ledger,
+        };
+        let advance = method.advance(&mut metered, &mut saved.method, chunks)?;
+        let now = session.elapsed().as_secs_f64();
+        saved.seconds += now - seconds_at_save;
+        seconds_at_save = now;
+        match advance {
+            Advance::Done(finish) => break finish,
+            Advance::Step(step) => {
+                dir.append_jsonl(RunDir::STEPS, &step)?;
+                completed += 1;
+                this_session += 1;
+                dir.save_checkpoint(&Checkpoint::new(
+                    files.fingerprint.clone(),
+                    completed,
+                    saved.clone(),
+                ))?;
+                progress.step_done(
+                    &method.position(&saved.method, chunks),
+                    &saved.ledger.figures(),
+                );
+            }
+        }
+    };
+
+    let summary = finish.summary.trim().to_string();
+    let stats = Stats {
+        method: method.label(),
+        figures: saved.ledger.figures(),
+        calls: saved.ledger.calls,
+        chunks: chunks.len(),
+        steps: completed,
+        summary_tokens: llm.count_tokens(&summary)?,
+        summary_words: summary.split_whitespace().count(),
+        wall_seconds: saved.seconds,
+        extra: finish.stats,
+    };
+    dir.write_text(RunDir::SUMMARY, &format!("{summary}\n"))?;
+    for (name, value) in &finish.files {
+        dir.write_json(name, value)?;
+    }
+    dir.write_json(RunDir::STATS, &stats)?;
+    Ok(Outcome::Finished { summary, stats })
+}
+
+/// An [`Llm`] that records every call in the run's ledger and refuses a
+/// prompt that leaves no room for the tokens asked of it.
+struct Metered<'a> {
+    /// The unit of work calling, to name it in errors.
+    stage: &'a str,
+    inner: &'a mut dyn Llm,
+    ledger: &'a mut Ledger,
+}
+
+impl Llm for Metered<'_> {
+    fn complete(
+        &mut self,
+        prompt: &Prompt,
+        max_tokens: usize,
+        grammar: Option<&Grammar>,
+    ) -> Result<Completion> {
+        let prompt_tokens = self.inner.prompt_tokens(prompt)?;
+        let context = self.inner.context_tokens();
+        if prompt_tokens + max_tokens > context {
+            return Err(Error::invalid(
+                self.stage,
+                format!(
+                    "{prompt_tokens} tokens plus {max_tokens} to generate do not fit the model's context of {context} tokens; use a smaller --chunk-tokens"
+                ),
+            ));
+        }
+        let completion = self.inner.complete(prompt, max_tokens, grammar)?;
+        self.ledger.record(&completion.usage);
+        Ok(completion)
+    }
+
+    fn count_tokens(&self, text: &str) -> Result<usize> {
+        self.inner.count_tokens(text)
+    }
+
+    fn prompt_tokens(&self, prompt: &Prompt) -> Result<usize> {
+        self.inner.prompt_tokens(prompt)
+    }
+
+    fn context_tokens(&self) -> usize {
+        self.inner.context_tokens()
+    }
+}
