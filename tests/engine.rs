@@ -229,3 +229,33 @@ fn a_stop_string_ends_generation_and_is_cut_from_the_text() {
     assert_eq!(stopped.text, "");
     assert_eq!(stopped.tokens.len(), 1);
 }
+
+/// With two cache slots, a prompt that shares only a short prefix with a long
+/// cached sequence works in the other slot, so a later prompt that continues
+/// the long sequence reuses all of it, with the logits of a fresh cache.
+#[test]
+fn a_second_slot_keeps_a_long_sequence_for_a_prompt_that_returns_to_it() {
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut cached = load_tiny(TinyArch::Llama, &dir_a);
+    cached.set_cache_slots(2);
+    let mut fresh = load_tiny(TinyArch::Llama, &dir_b);
+    fresh.set_prefix_cache(false);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let document = random_tokens(&mut rng, 60..61);
+    let mut question = document[..4].to_vec();
+    question.extend(random_tokens(&mut rng, 10..11));
+    for round in 0..3 {
+        let mut refine = document.clone();
+        refine.extend(random_tokens(&mut rng, 5..6));
+        let reused = check_pair(&mut cached, &mut fresh, &question, &refine);
+        let expected = if round == 0 { 4 } else { document.len() };
+        assert_eq!(reused, expected, "round {round}");
+        question.push(2 + round as u32);
+    }
+    // One slot: the question prompt evicts the document each time.
+    cached.set_cache_slots(1);
+    cached.prefill(&document).unwrap();
+    let mut refine = document.clone();
+    refine.push(5);
+    assert_eq!(check_pair(&mut cached, &mut fresh, &question, &refine), 4);
+}

@@ -77,6 +77,9 @@ pub struct EngineArgs {
     /// Recompute every prompt from scratch instead of reusing the cached prefix.
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// Token sequences kept cached; a prompt continues the one it shares the longest prefix with.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    pub cache_slots: u16,
     /// Weights for multi-token prefill: `dense` (f32 copy, fastest, more memory) or `quantized`.
     /// Default: dense when the copy stays under 4 GiB.
     #[arg(long, value_parser = parse_prefill_weights)]
@@ -111,6 +114,7 @@ impl EngineArgs {
         let mut engine =
             Engine::load(&source, &options).with_context(|| format!("loading {}", self.model))?;
         engine.set_prefix_cache(!self.no_prefix_cache);
+        engine.set_cache_slots(usize::from(self.cache_slots));
         eprintln!(
             "loaded {} ({:?}, {} layers, context {}) in {:.1}s on {} thread(s)",
             engine.name(),

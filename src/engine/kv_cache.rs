@@ -95,6 +95,28 @@ impl KvCache {
         }
     }
 
+    /// Replace this cache's contents with the first `len` positions of `source`.
+    pub fn copy_prefix_from(&mut self, source: &KvCache, len: usize) -> Result<()> {
+        let len = len.min(source.len);
+        self.truncate(0);
+        if len == 0 {
+            return Ok(());
+        }
+        self.reserve(len)?;
+        for (to, from) in self.layers.iter().zip(&source.layers) {
+            let (Some(to), Some(from)) = (to, from) else {
+                continue;
+            };
+            let copy = |from: &Tensor, to: &Tensor| {
+                to.slice_set(&from.narrow(2, 0, len)?.contiguous()?, 2, 0)
+            };
+            copy(&from.keys, &to.keys).context("copying a cached prefix")?;
+            copy(&from.values, &to.values).context("copying a cached prefix")?;
+        }
+        self.commit(&source.tokens[..len]);
+        Ok(())
+    }
+
     /// Bytes of key and value storage currently allocated.
     pub fn allocated_bytes(&self) -> usize {
         let per_layer =
@@ -179,6 +201,20 @@ impl KvCache {
 }
 
 #[cfg(test)]
+impl KvCache {
+    /// Append `tokens` with all-zero keys and values.
+    pub(crate) fn append_zeros_for_test(&mut self, tokens: &[u32]) {
+        self.reserve(tokens.len()).unwrap();
+        let shape = (1, self.kv_heads, tokens.len(), self.head_dim);
+        let zeros = Tensor::zeros(shape, self.dtype, &self.device).unwrap();
+        for layer in 0..self.layers.len() {
+            self.append(layer, &zeros, &zeros).unwrap();
+        }
+        self.commit(tokens);
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -228,6 +264,19 @@ mod tests {
         let keys: Vec<f32> = keys.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(keys, vec![1.0, 2.0, 9.0, -1.0, -2.0, -9.0]);
         assert_eq!(cache.tokens(), &[1, 2, 9]);
+    }
+
+    #[test]
+    fn a_copied_prefix_holds_the_same_keys() {
+        let mut source = cache(64);
+        step(&mut source, &[1, 2, 3, 4, 5]);
+        let mut copy = cache(64);
+        step(&mut copy, &[7, 7]);
+        copy.copy_prefix_from(&source, 3).unwrap();
+        assert_eq!(copy.tokens(), &[1, 2, 3]);
+        let keys = step(&mut copy, &[6]);
+        let keys: Vec<f32> = keys.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(keys, vec![1.0, 2.0, 3.0, 6.0, -1.0, -2.0, -3.0, -6.0]);
     }
 
     #[test]

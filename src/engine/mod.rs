@@ -1,10 +1,12 @@
-//! The engine: a model, its tokenizer and one KV cache that survives across calls.
+//! The engine: a model, its tokenizer and KV caches that survive across calls.
 //!
 //! Before each prompt the engine finds the longest common token prefix between
-//! the prompt and the tokens whose keys and values it holds (the previous prompt
-//! plus what was generated after it), keeps that part of the cache and computes
-//! only the rest. Every call reports what it cost as a [`Usage`].
+//! the prompt and the token sequences whose keys and values it holds (earlier
+//! prompts plus what was generated after them; one sequence unless
+//! [`Engine::set_cache_slots`] allows more), keeps that part of the cache and
+//! computes only the rest. Every call reports what it cost as a [`Usage`].
 
+pub mod cache_slots;
 pub mod chat;
 pub mod constraint;
 pub mod device;
@@ -15,12 +17,12 @@ pub mod source;
 pub mod tokenizer;
 
 use crate::error::{CandleContext, Error, Result};
+use cache_slots::CacheSlots;
 use candle_core::quantized::gguf_file;
 use candle_core::Tensor;
 use chat::{ChatMessage, ChatTemplate};
 use constraint::{Grammar, Grammars};
 use device::DeviceChoice;
-use kv_cache::KvCache;
 use model::{Config, Pass, PrefillWeights, Transformer, WeightFile};
 use sampling::{Sampler, SamplingConfig};
 use source::ModelSource;
@@ -122,10 +124,7 @@ pub struct Engine {
     model: Transformer,
     tokenizer: Tokenizer,
     chat_template: Option<ChatTemplate>,
-    cache: KvCache,
-    /// The logits after the last prefilled prompt, and that prompt's length:
-    /// valid while the cache still holds that prompt.
-    prompt_logits: Option<(usize, Tensor)>,
+    slots: CacheSlots,
     prefix_cache: bool,
     /// Built on the first constrained generation.
     grammars: std::cell::OnceCell<Grammars>,
@@ -174,14 +173,13 @@ impl Engine {
             )?),
             None => None,
         };
-        let cache = model.new_cache();
+        let slots = CacheSlots::new(model.new_cache(), 1);
         Ok(Engine {
             name: name.to_string(),
             model,
             tokenizer,
             chat_template,
-            cache,
-            prompt_logits: None,
+            slots,
             prefix_cache: true,
             grammars: std::cell::OnceCell::new(),
         })
@@ -209,9 +207,21 @@ impl Engine {
         self.prefix_cache = enabled;
     }
 
-    /// The token ids whose keys and values the engine holds.
+    /// Keep up to `slots` token sequences cached (default 1); a prompt
+    /// continues the one it shares the longest prefix with. See [`cache_slots`].
+    pub fn set_cache_slots(&mut self, slots: usize) {
+        self.slots.set_limit(slots);
+    }
+
+    /// Forget every cached sequence, so the next prompt starts cold.
+    pub fn clear_cache(&mut self) {
+        self.slots.clear();
+    }
+
+    /// The token ids whose keys and values the engine holds in the sequence
+    /// it used last.
     pub fn cached_tokens(&self) -> &[u32] {
-        self.cache.tokens()
+        self.slots.active().cache.tokens()
     }
 
     /// Token ids of a plain-text prompt, with BOS first when the model expects it.
@@ -301,22 +311,24 @@ impl Engine {
             ));
         }
         let shared = if self.prefix_cache {
-            self.cache.common_prefix(prompt)
+            let model = &self.model;
+            self.slots.take_for(prompt, || model.new_cache())?
         } else {
             0
         };
+        let slot = self.slots.active_mut();
         // The same prompt again: its logits are kept, nothing needs computing.
         // Re-running its last token instead would give logits that differ in
         // the last float bits (one row is not multiplied as a batch is), which
         // quantized decoding can amplify into a different greedy path.
         if shared == prompt.len() {
-            if let Some((_, logits)) = self
+            if let Some((_, logits)) = slot
                 .prompt_logits
                 .as_ref()
                 .filter(|(len, _)| *len == shared)
             {
                 let logits = logits.clone();
-                self.cache.truncate(shared);
+                slot.cache.truncate(shared);
                 let usage = Usage {
                     prompt_tokens: prompt.len(),
                     reused_tokens: prompt.len(),
@@ -327,13 +339,13 @@ impl Engine {
         }
         // At least the last prompt token must run to produce its logits.
         let reused = shared.min(prompt.len() - 1);
-        self.cache.truncate(reused);
-        self.prompt_logits = None;
+        slot.cache.truncate(reused);
+        slot.prompt_logits = None;
         let start = Instant::now();
         let logits = self
             .model
-            .forward(&prompt[reused..], &mut self.cache, Pass::Prompt)?;
-        self.prompt_logits = Some((prompt.len(), logits.clone()));
+            .forward(&prompt[reused..], &mut slot.cache, Pass::Prompt)?;
+        slot.prompt_logits = Some((prompt.len(), logits.clone()));
         let usage = Usage {
             prompt_tokens: prompt.len(),
             reused_tokens: reused,
@@ -347,13 +359,14 @@ impl Engine {
     /// logits after the last of them. Benchmarks use it to time decode steps
     /// without sampling.
     pub fn extend(&mut self, tokens: &[u32]) -> Result<Tensor> {
-        if self.cache.len() + tokens.len() >= self.context_tokens() {
+        let cache = &mut self.slots.active_mut().cache;
+        if cache.len() + tokens.len() >= self.model.config().context_tokens {
             return Err(Error::PromptTooLong {
-                prompt_tokens: self.cache.len() + tokens.len(),
-                context_tokens: self.context_tokens(),
+                prompt_tokens: cache.len() + tokens.len(),
+                context_tokens: self.model.config().context_tokens,
             });
         }
-        self.model.forward(tokens, &mut self.cache, Pass::Decode)
+        self.model.forward(tokens, cache, Pass::Decode)
     }
 
     /// Run `prompt` and generate up to `options.max_tokens` tokens after it.
@@ -404,12 +417,11 @@ impl Engine {
             if tokens.len() == options.max_tokens {
                 break StopReason::MaxTokens;
             }
-            if self.cache.len() + 1 >= self.context_tokens() {
+            let cache = &mut self.slots.active_mut().cache;
+            if cache.len() + 1 >= self.model.config().context_tokens {
                 break StopReason::ContextFull;
             }
-            logits = self
-                .model
-                .forward(&[token], &mut self.cache, Pass::Decode)?;
+            logits = self.model.forward(&[token], cache, Pass::Decode)?;
             usage.decode_steps += 1;
         };
         usage.decode_seconds = decode_start.elapsed().as_secs_f64();
