@@ -8,8 +8,8 @@
 //!          → revisions → memory → next prompt … → answer
 //! ```
 //!
-//! - [`engine`] loads a model and its tokenizer, keeps the KV caches of its last
-//!   token sequence it encoded, and for each new prompt computes only what follows
+//! - [`engine`] loads a model and its tokenizer, keeps the KV caches of the last
+//!   token sequences it encoded, and for each new prompt computes only what follows
 //!   the longest common token prefix. Every call returns a [`engine::Usage`].
 //! - [`metrics`] sums usages into a [`metrics::Ledger`] and derives cache hit rate,
 //!   net tokens and cost index from it.
