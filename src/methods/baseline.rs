@@ -60,8 +60,10 @@ impl Call {
     }
 }
 
-/// Opens the summaries of earlier parts in [`part_prompt`].
-pub const EARLIER_HEADING: &str = "\n## Summaries of the parts before it\n";
+/// Opens the summaries of earlier parts in [`part_prompt`]; the rest of the
+/// prompt reads the same with or without them, so they add exactly their own tokens.
+pub const EARLIER_HEADING: &str =
+    "\n## Summaries of the parts before it (context only; do not summarize them again)\n";
 
 /// One earlier summary as [`part_prompt`] shows it (a segment of its own, so
 /// a prompt with one more earlier summary extends the previous prompt).
@@ -90,14 +92,9 @@ pub fn part_prompt(
         "\n## Part {part} of {chunks}\n{}\n",
         chunk.text.trim_end()
     ));
-    let only = if earlier.is_empty() {
-        ""
-    } else {
-        " only; the summaries before it are there for context"
-    };
     let length = words.map_or(String::new(), |words| format!(", in at most {words} words"));
     segments.push(format!(
-        "\nWrite the summary of part {part}{only}{length}. Output only the summary."
+        "\nWrite the summary of part {part}{length}. Output only the summary."
     ));
     Prompt {
         system: Some(SYSTEM.to_string()),
