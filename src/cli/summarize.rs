@@ -14,6 +14,9 @@ use prism::chunk::Chunk;
 use prism::engine::sampling::SamplingConfig;
 use prism::engine::{Engine, GenerateOptions};
 use prism::memory::Schema;
+use prism::methods::detail::DetailConfig;
+use prism::methods::hierarchical::HierarchicalConfig;
+use prism::methods::incremental::IncrementalConfig;
 use prism::methods::llm::EngineLlm;
 use prism::methods::prism::{MemoryMode, PrismConfig};
 use prism::methods::run::{Outcome, Position, Progress, RunFiles};
@@ -28,6 +31,12 @@ use std::path::{Path, PathBuf};
 pub enum MethodName {
     /// Structured memory with revisions (PRISM).
     Prism,
+    /// A running summary updated with each chunk and compressed when too long (BooookScore).
+    Incremental,
+    /// Chunk summaries merged level by level into one (BooookScore).
+    Hierarchical,
+    /// Chunk summaries joined in order, as many chunks as --detail asks for (OpenAI cookbook).
+    Detail,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -69,6 +78,18 @@ pub struct MethodArgs {
     /// prism: decode revisions under a grammar derived from the schema (every line parses and type-checks).
     #[arg(long, value_enum, default_value = "on")]
     pub constrained: OnOff,
+    /// incremental, hierarchical, detail: the most tokens of a summary (incremental: the running summary; hierarchical: the top one, lower levels get less; detail: each chunk's).
+    #[arg(long, default_value_t = 900)]
+    pub max_summary_tokens: usize,
+    /// detail: from 0 (the fewest chunks of --chunk-tokens) to 1 (the most chunks of --min-chunk-tokens).
+    #[arg(long, default_value_t = 0.0)]
+    pub detail: f64,
+    /// detail: the smallest chunk worth a summary of its own.
+    #[arg(long, default_value_t = 500)]
+    pub min_chunk_tokens: usize,
+    /// detail: show each chunk's call the summaries of the chunks before it.
+    #[arg(long)]
+    pub recursive: bool,
 }
 
 impl MethodArgs {
@@ -89,7 +110,47 @@ impl MethodArgs {
                 },
                 schema: self.schema_json()?,
             },
+            MethodName::Incremental => MethodSpec::Incremental {
+                config: IncrementalConfig {
+                    query: self.query.clone(),
+                    max_summary_tokens: self.max_summary_tokens()?,
+                },
+            },
+            MethodName::Hierarchical => MethodSpec::Hierarchical {
+                config: HierarchicalConfig {
+                    query: self.query.clone(),
+                    max_summary_tokens: self.max_summary_tokens()?,
+                },
+            },
+            MethodName::Detail => {
+                anyhow::ensure!(
+                    (0.0..=1.0).contains(&self.detail),
+                    "--detail must be between 0 and 1, not {}",
+                    self.detail
+                );
+                anyhow::ensure!(
+                    self.min_chunk_tokens > 0,
+                    "--min-chunk-tokens must be at least 1"
+                );
+                MethodSpec::Detail {
+                    config: DetailConfig {
+                        query: self.query.clone(),
+                        detail: self.detail,
+                        min_chunk_tokens: self.min_chunk_tokens,
+                        recursive: self.recursive,
+                        max_summary_tokens: self.max_summary_tokens()?,
+                    },
+                }
+            }
         })
+    }
+
+    fn max_summary_tokens(&self) -> Result<usize> {
+        anyhow::ensure!(
+            self.max_summary_tokens > 0,
+            "--max-summary-tokens must be at least 1"
+        );
+        Ok(self.max_summary_tokens)
     }
 
     fn schema_json(&self) -> Result<serde_json::Value> {
@@ -122,7 +183,7 @@ pub struct SummarizeArgs {
     /// Read only the first chunks of the document, up to this many tokens in all.
     #[arg(long)]
     first_tokens: Option<usize>,
-    /// Stop after this many steps (one chunk each for prism); continue with --resume.
+    /// Stop after this many steps (one chunk each, but one model call each for hierarchical); continue with --resume.
     #[arg(long, alias = "stop-after-steps")]
     stop_after_chunks: Option<usize>,
     #[command(flatten)]
@@ -138,20 +199,17 @@ pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
     let sampling = args.sampling.config()?;
     let text = prism::document::read_document(&args.document)?;
     let mut engine = args.engine.load()?;
-    let document = Document::split(
-        &engine,
-        &args.document,
-        &text,
-        args.chunk_tokens,
-        args.first_tokens,
-    )?;
+    let tokens = Document::count(&engine, &args.document, &text)?;
+    let read_tokens = args.first_tokens.map_or(tokens, |limit| limit.min(tokens));
+    let chunk_tokens = spec.chunk_tokens(args.chunk_tokens, read_tokens)?;
+    let document = Document::split(&engine, &text, tokens, chunk_tokens, args.first_tokens)?;
     eprintln!(
         "{}: {} tokens; reading {} chunk{} of up to {} tokens",
         args.document.display(),
         document.tokens,
         document.chunks.len(),
         if document.chunks.len() == 1 { "" } else { "s" },
-        args.chunk_tokens
+        document.chunk_tokens
     );
     let job = Job {
         spec: &spec,
@@ -197,12 +255,22 @@ pub struct Document {
 }
 
 impl Document {
-    /// Split `text` into chunks of at most `chunk_tokens` tokens by `engine`'s
-    /// tokenizer, keeping only the first `first_tokens` tokens' worth when given.
+    /// Tokens of the whole of `text` (at `path`) by `engine`'s tokenizer.
+    pub fn count(engine: &Engine, path: &Path, text: &str) -> Result<usize> {
+        Ok(engine
+            .tokenizer()
+            .encode(text)
+            .with_context(|| format!("tokenizing {}", path.display()))?
+            .len())
+    }
+
+    /// Split `text`, of `tokens` tokens as [`Document::count`] gave them, into
+    /// chunks of at most `chunk_tokens` tokens by `engine`'s tokenizer, keeping
+    /// only the first `first_tokens` tokens' worth when given.
     pub fn split(
         engine: &Engine,
-        path: &Path,
         text: &str,
+        tokens: usize,
         chunk_tokens: usize,
         first_tokens: Option<usize>,
     ) -> Result<Self> {
@@ -213,12 +281,8 @@ impl Document {
             "--chunk-tokens {chunk_tokens} does not fit the model's context of {context} tokens",
         );
         let tokenizer = engine.tokenizer();
-        // Encoding the whole text once surfaces any tokenizer error here, so the
+        // Counting the whole text first surfaced any tokenizer error, so the
         // chunker's counter (which cannot fail) never meets one.
-        let tokens = tokenizer
-            .encode(text)
-            .with_context(|| format!("tokenizing {}", path.display()))?
-            .len();
         let count = |piece: &str| tokenizer.encode(piece).map_or(usize::MAX, |ids| ids.len());
         let mut chunks = prism::chunk::split(text, chunk_tokens, &count)?;
         if let Some(limit) = first_tokens {

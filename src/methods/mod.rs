@@ -6,6 +6,10 @@
 //! with its settings; it is what `summarize --method` and `bench --methods`
 //! build, and part of a run's identity.
 
+pub mod baseline;
+pub mod detail;
+pub mod hierarchical;
+pub mod incremental;
 pub mod llm;
 pub mod prism;
 pub mod revision_grammar;
@@ -26,9 +30,33 @@ pub enum MethodSpec {
         /// The memory schema, as JSON Schema.
         schema: serde_json::Value,
     },
+    Incremental {
+        config: incremental::IncrementalConfig,
+    },
+    Hierarchical {
+        config: hierarchical::HierarchicalConfig,
+    },
+    Detail {
+        config: detail::DetailConfig,
+    },
 }
 
 impl MethodSpec {
+    /// The chunk size to split a document of `document_tokens` with, when
+    /// `requested` is the largest that fits: the requested one, except for
+    /// `detail`, whose level of detail sets it.
+    pub fn chunk_tokens(&self, requested: usize, document_tokens: usize) -> Result<usize> {
+        match self {
+            MethodSpec::Detail { config } => detail::chunk_tokens(
+                document_tokens,
+                config.detail,
+                requested,
+                config.min_chunk_tokens,
+            ),
+            _ => Ok(requested),
+        }
+    }
+
     /// Run the method over `chunks` with [`drive`].
     pub fn run(
         &self,
@@ -47,6 +75,26 @@ impl MethodSpec {
                     files,
                     progress,
                 )
+            }
+            MethodSpec::Incremental { config } => drive(
+                &incremental::Incremental::new(config),
+                llm,
+                chunks,
+                files,
+                progress,
+            ),
+            MethodSpec::Hierarchical { config } => {
+                let context_tokens = llm.context_tokens();
+                drive(
+                    &hierarchical::Hierarchical::new(config, context_tokens),
+                    llm,
+                    chunks,
+                    files,
+                    progress,
+                )
+            }
+            MethodSpec::Detail { config } => {
+                drive(&detail::Detail::new(config), llm, chunks, files, progress)
             }
         }
     }

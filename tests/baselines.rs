@@ -1,0 +1,502 @@
+//! The summarizing baselines (incremental, hierarchical, detail) against a
+//! scripted model: calls and steps counted, compression when the running
+//! summary is too long or cut off, merges level by level within the context,
+//! earlier summaries as context, and resume after a stop.
+
+use crate::common::{assert_one_error_line, run_prism, ScriptedLlm};
+use prism::chunk::{split, Chunk};
+use prism::engine::constraint::Grammar;
+use prism::methods::detail::{self, Detail, DetailConfig};
+use prism::methods::hierarchical::{self, Hierarchical, HierarchicalConfig};
+use prism::methods::incremental::{self, Incremental, IncrementalConfig, Kept};
+use prism::methods::llm::{Completion, Llm, Prompt};
+use prism::methods::run::{drive, Method, NoProgress, Outcome, RunFiles, Stats};
+use prism::methods::MethodSpec;
+use prism::rundir::RunDir;
+
+const QUERY: &str = "Summarize the story.";
+
+fn chunks(count: usize) -> Vec<Chunk> {
+    let text: String = (0..count)
+        .map(|i| format!("Paragraph {i} tells of the ship and its crew in some detail.\n\n"))
+        .collect();
+    let chunks = split(&text, 70, &|piece: &str| piece.chars().count()).unwrap();
+    assert_eq!(chunks.len(), count);
+    chunks
+}
+
+/// Run `method` to the end in `dir`, returning the summary, the stats and the steps.
+fn finish<M: Method>(
+    method: &M,
+    llm: &mut dyn Llm,
+    chunks: &[Chunk],
+    dir: &std::path::Path,
+) -> (String, Stats, Vec<M::Step>) {
+    let run_dir = RunDir::create(dir).unwrap();
+    let files = RunFiles {
+        dir: &run_dir,
+        fingerprint: "test".into(),
+        resume: false,
+        stop_after: None,
+    };
+    let Outcome::Finished { summary, stats } =
+        drive(method, llm, chunks, &files, &mut NoProgress).unwrap()
+    else {
+        panic!("the run should finish")
+    };
+    assert_eq!(
+        std::fs::read_to_string(dir.join("summary.txt")).unwrap(),
+        format!("{summary}\n")
+    );
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("stats.json")).unwrap()).unwrap();
+    assert_eq!(saved["calls"], stats.calls);
+    assert_eq!(saved["method"], stats.method);
+    let steps = run_dir.read_jsonl(RunDir::STEPS).unwrap();
+    assert_eq!(steps.len(), stats.steps);
+    (summary, stats, steps)
+}
+
+fn incremental_config(max_summary_tokens: usize) -> IncrementalConfig {
+    IncrementalConfig {
+        query: QUERY.into(),
+        max_summary_tokens,
+    }
+}
+
+#[test]
+fn incremental_updates_the_summary_with_each_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = incremental_config(900);
+    let method = Incremental::new(&config);
+    let mut llm = ScriptedLlm::new(&[
+        "The ship sails.",
+        "The ship sails north.",
+        "The ship sails north into ice.",
+    ]);
+    let (summary, stats, steps) = finish(&method, &mut llm, &chunks(3), dir.path());
+    let steps: Vec<incremental::Step> = steps;
+    assert_eq!(summary, "The ship sails north into ice.");
+    assert_eq!((stats.calls, stats.steps, stats.chunks), (3, 3, 3));
+    assert_eq!(stats.method, "incremental");
+    assert_eq!(stats.extra["compressions"], 0);
+    assert_eq!(stats.extra["compression_failures"], 0);
+    assert!(steps.iter().all(|step| step.kept == Kept::Update));
+    // Instructions, then the summary so far, then the chunk.
+    let segments = &llm.prompts[2].segments;
+    assert!(segments[1].contains("The ship sails north."));
+    assert!(segments[2].contains("Paragraph 2"));
+    assert_eq!(llm.prompts[1].segments[0], segments[0]);
+}
+
+#[test]
+fn incremental_compresses_a_summary_too_long_or_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    // Tokens are characters here: a summary of 60 or more is too long.
+    let config = incremental_config(60);
+    let method = Incremental::new(&config);
+    let long = "The ship sails north into the ice while the whole crew grows uneasy.";
+    let mut llm = ScriptedLlm::new(&[
+        "The ship sails.",
+        long,
+        // The first compression is still too long; the second fits.
+        "The ship sails north into the ice; the crew grows uneasy, and worse.",
+        "The ship sails north; the crew is uneasy.",
+        "The ship is trapped in the ice and the",
+        "The ship is trapped in the ice.",
+    ]);
+    let (summary, stats, steps) = finish(&method, &mut llm, &chunks(3), dir.path());
+    let steps: Vec<incremental::Step> = steps;
+    assert_eq!(summary, "The ship is trapped in the ice.");
+    assert_eq!((stats.calls, stats.steps), (6, 3));
+    assert_eq!(stats.extra["compressions"], 3);
+    assert_eq!(stats.extra["compression_failures"], 0);
+    assert_eq!(steps[1].compressions.len(), 2);
+    assert_eq!(steps[1].kept, Kept::Compression(1));
+    assert_eq!(steps[2].kept, Kept::Compression(0));
+    // Compression sees the update's summary, and the next update the compressed one.
+    assert!(llm.prompts[2].segments[1].contains(long));
+    assert!(llm.prompts[4].segments[1].contains("the crew is uneasy."));
+    // Each try asks for fewer words, so a greedy model does not answer the same.
+    assert_ne!(llm.prompts[2].segments[2], llm.prompts[3].segments[2]);
+}
+
+#[test]
+fn incremental_keeps_the_best_attempt_when_every_compression_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = incremental_config(60);
+    let method = Incremental::new(&config);
+    let mut llm = ScriptedLlm::new(&[
+        "The ship sails north into the ice while the whole crew grows uneasy and",
+        "The ship sails north into the ice while the crew grows uneasy at last.",
+        "The ship sails north into the ice, the crew",
+        "",
+    ]);
+    let (summary, stats, steps) = finish(&method, &mut llm, &chunks(1), dir.path());
+    let steps: Vec<incremental::Step> = steps;
+    assert_eq!(stats.calls, 4);
+    assert_eq!(stats.extra["compressions"], 3);
+    assert_eq!(stats.extra["compression_failures"], 1);
+    assert!(steps[0].failed);
+    // Within budget but cut off beats too long; an empty answer is worst.
+    assert_eq!(steps[0].kept, Kept::Compression(1));
+    assert_eq!(summary, "The ship sails north into the ice, the crew");
+}
+
+#[test]
+fn incremental_keeps_the_previous_summary_when_an_update_is_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = incremental_config(900);
+    let method = Incremental::new(&config);
+    let mut llm = ScriptedLlm::new(&["The ship sails.", "  "]);
+    let (summary, stats, steps) = finish(&method, &mut llm, &chunks(2), dir.path());
+    let steps: Vec<incremental::Step> = steps;
+    assert_eq!(summary, "The ship sails.");
+    assert_eq!(stats.calls, 2);
+    assert_eq!(steps[1].kept, Kept::Previous);
+}
+
+fn hierarchical_config(max_summary_tokens: usize) -> HierarchicalConfig {
+    HierarchicalConfig {
+        query: QUERY.into(),
+        max_summary_tokens,
+    }
+}
+
+#[test]
+fn hierarchical_merges_what_fits_in_one_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = hierarchical_config(900);
+    let method = Hierarchical::new(&config, ScriptedLlm::new(&[]).context_tokens());
+    let mut llm = ScriptedLlm::new(&["A sails.", "B freezes.", "C returns.", "All of it."]);
+    let (summary, stats, steps) = finish(&method, &mut llm, &chunks(3), dir.path());
+    let steps: Vec<hierarchical::Step> = steps;
+    assert_eq!(summary, "All of it.");
+    assert_eq!((stats.calls, stats.steps), (4, 4));
+    assert_eq!(stats.extra["levels"], 2);
+    // Two levels expected: the chunks get 0.65 of the top budget, the merge all of it.
+    assert!(steps[..3]
+        .iter()
+        .all(|step| step.level == 0 && step.call.max_tokens == 585));
+    assert_eq!((steps[3].level, steps[3].sources.clone()), (1, 0..3));
+    assert_eq!(steps[3].call.max_tokens, 900);
+    let merge = llm.prompts[3].segments.join("");
+    assert!(merge.contains("A sails.") && merge.contains("C returns."));
+}
+
+#[test]
+fn hierarchical_of_one_chunk_is_its_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = hierarchical_config(900);
+    let method = Hierarchical::new(&config, 1_000_000);
+    let mut llm = ScriptedLlm::new(&["Only this."]);
+    let (summary, stats, steps) = finish(&method, &mut llm, &chunks(1), dir.path());
+    let steps: Vec<hierarchical::Step> = steps;
+    assert_eq!(summary, "Only this.");
+    assert_eq!(stats.calls, 1);
+    assert_eq!(steps[0].call.max_tokens, 900);
+}
+
+/// A [`ScriptedLlm`] with a small context, to make merges split.
+struct SmallContext {
+    inner: ScriptedLlm,
+    context_tokens: usize,
+}
+
+impl Llm for SmallContext {
+    fn complete(
+        &mut self,
+        prompt: &Prompt,
+        max_tokens: usize,
+        grammar: Option<&Grammar>,
+    ) -> prism::Result<Completion> {
+        self.inner.complete(prompt, max_tokens, grammar)
+    }
+    fn count_tokens(&self, text: &str) -> prism::Result<usize> {
+        self.inner.count_tokens(text)
+    }
+    fn prompt_tokens(&self, prompt: &Prompt) -> prism::Result<usize> {
+        self.inner.prompt_tokens(prompt)
+    }
+    fn context_tokens(&self) -> usize {
+        self.context_tokens
+    }
+}
+
+/// Replies `Summary 1.`, `Summary 2.` … in call order.
+fn numbered_replies(count: usize) -> Vec<String> {
+    (1..=count).map(|i| format!("Summary {i}.")).collect()
+}
+
+#[test]
+fn hierarchical_merges_level_by_level_within_the_context() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = hierarchical_config(40);
+    let context_tokens = 640;
+    let method = Hierarchical::new(&config, context_tokens);
+    let replies = numbered_replies(40);
+    let replies: Vec<&str> = replies.iter().map(String::as_str).collect();
+    let mut llm = SmallContext {
+        inner: ScriptedLlm::new(&replies),
+        context_tokens,
+    };
+    let (summary, stats, steps) = finish(&method, &mut llm, &chunks(12), dir.path());
+    let steps: Vec<hierarchical::Step> = steps;
+    assert_eq!(summary, format!("Summary {}.", stats.calls));
+    assert_eq!(stats.calls, stats.steps);
+    let levels = stats.extra["levels"].as_u64().unwrap() as usize;
+    assert!(levels >= 3, "{levels} levels");
+    // Each level's merges cover the level below in order, one run after another;
+    // a merge after the first of its level sees the one before it.
+    for level in 1..levels {
+        let merges: Vec<&hierarchical::Step> =
+            steps.iter().filter(|step| step.level == level).collect();
+        let below = steps.iter().filter(|step| step.level == level - 1).count();
+        let mut next = 0;
+        for (i, merge) in merges.iter().enumerate() {
+            assert_eq!(merge.sources.start, next);
+            assert!(
+                merge.sources.len() >= 2 || below == 1,
+                "{:?}",
+                merge.sources
+            );
+            assert_eq!(merge.with_context, i > 0);
+            next = merge.sources.end;
+        }
+        assert_eq!(next, below);
+    }
+    for (prompt, step) in llm.inner.prompts.iter().zip(&steps) {
+        let tokens = llm.prompt_tokens(prompt).unwrap();
+        assert!(tokens + step.call.max_tokens <= context_tokens);
+    }
+}
+
+#[test]
+fn hierarchical_refuses_a_level_that_cannot_shrink() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = hierarchical_config(40);
+    // Room for a chunk's summary, never for a merge of two.
+    let context_tokens = 520;
+    let method = Hierarchical::new(&config, context_tokens);
+    let long = "A summary long enough that no two of them fit one merge call at all.";
+    let mut llm = SmallContext {
+        inner: ScriptedLlm::new(&[long; 8]),
+        context_tokens,
+    };
+    let run_dir = RunDir::create(dir.path()).unwrap();
+    let files = RunFiles {
+        dir: &run_dir,
+        fingerprint: "test".into(),
+        resume: false,
+        stop_after: None,
+    };
+    let err = drive(&method, &mut llm, &chunks(3), &files, &mut NoProgress).unwrap_err();
+    assert!(err.to_string().contains("no two summaries"), "{err}");
+}
+
+fn detail_config(detail: f64, recursive: bool) -> DetailConfig {
+    DetailConfig {
+        query: QUERY.into(),
+        detail,
+        min_chunk_tokens: 500,
+        recursive,
+        max_summary_tokens: 200,
+    }
+}
+
+#[test]
+fn detail_joins_the_chunk_summaries() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = detail_config(0.0, false);
+    let method = Detail::new(&config);
+    let mut llm = ScriptedLlm::new(&["One.", "Two.", "Three."]);
+    let (summary, stats, steps) = finish(&method, &mut llm, &chunks(3), dir.path());
+    let steps: Vec<detail::Step> = steps;
+    assert_eq!(summary, "One.\n\nTwo.\n\nThree.");
+    assert_eq!((stats.calls, stats.steps), (3, 3));
+    assert_eq!(stats.method, "detail");
+    assert!(steps.iter().all(|step| step.earlier == 0));
+    assert!(!llm.prompts[2].segments.join("").contains("One."));
+}
+
+#[test]
+fn recursive_detail_shows_the_earlier_summaries_as_a_growing_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = detail_config(0.0, true);
+    let method = Detail::new(&config);
+    let mut llm = ScriptedLlm::new(&["One.", "Two.", "Three."]);
+    let (_, stats, steps) = finish(&method, &mut llm, &chunks(3), dir.path());
+    let steps: Vec<detail::Step> = steps;
+    assert_eq!(stats.method, "detail-recursive");
+    let earlier: Vec<usize> = steps.iter().map(|step| step.earlier).collect();
+    assert_eq!(earlier, vec![0, 1, 2]);
+    let (second, third) = (&llm.prompts[1].segments, &llm.prompts[2].segments);
+    assert_eq!(second[..3], third[..3]);
+    assert!(third[3].contains("Two."));
+    // The third call reuses the cached prefix up to the summaries before it.
+    assert!(steps[2].call.reused_tokens > steps[1].call.reused_tokens);
+}
+
+#[test]
+fn recursive_detail_keeps_the_latest_summaries_that_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = detail_config(0.0, true);
+    let method = Detail::new(&config);
+    let summary = "A summary of forty characters or so, yes.";
+    let context_tokens = 660;
+    let mut llm = SmallContext {
+        inner: ScriptedLlm::new(&[summary; 6]),
+        context_tokens,
+    };
+    let (_, _, steps) = finish(&method, &mut llm, &chunks(6), dir.path());
+    let steps: Vec<detail::Step> = steps;
+    let earlier: Vec<usize> = steps.iter().map(|step| step.earlier).collect();
+    assert!(earlier[5] < 5 && earlier[5] > 0, "{earlier:?}");
+    for (prompt, step) in llm.inner.prompts.iter().zip(&steps) {
+        assert!(llm.prompt_tokens(prompt).unwrap() + step.call.max_tokens <= context_tokens);
+    }
+}
+
+#[test]
+fn only_detail_chooses_its_chunk_size() {
+    let detail = MethodSpec::Detail {
+        config: detail_config(1.0, false),
+    };
+    assert_eq!(detail.chunk_tokens(1000, 3000).unwrap(), 500);
+    let out_of_range = MethodSpec::Detail {
+        config: detail_config(1.5, false),
+    };
+    assert!(out_of_range.chunk_tokens(1000, 3000).is_err());
+    let incremental = MethodSpec::Incremental {
+        config: incremental_config(900),
+    };
+    assert_eq!(incremental.chunk_tokens(1000, 3000).unwrap(), 1000);
+}
+
+#[test]
+fn detail_out_of_range_is_one_error_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let document = dir.path().join("doc.txt");
+    std::fs::write(&document, "Some text.\n").unwrap();
+    let out = dir.path().join("run");
+    let result = run_prism(&[
+        "summarize",
+        document.to_str().unwrap(),
+        "--method",
+        "detail",
+        "--detail",
+        "1.5",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_one_error_line(&result, "--detail must be between 0 and 1");
+}
+
+/// Run `spec` over `chunks`: once straight through, once stopped after
+/// `stop_after` units and resumed with the rest of the script. Both must
+/// give the same summary, calls and steps.
+fn assert_resume_gives_the_same(
+    spec: MethodSpec,
+    chunks: &[Chunk],
+    replies: &[&str],
+    stop_after: usize,
+) {
+    let whole = tempfile::tempdir().unwrap();
+    let whole_dir = RunDir::create(whole.path()).unwrap();
+    let mut llm = ScriptedLlm::new(replies);
+    let straight = RunFiles {
+        dir: &whole_dir,
+        fingerprint: "test".into(),
+        resume: false,
+        stop_after: None,
+    };
+    let Outcome::Finished { summary, stats } = spec
+        .run(&mut llm, chunks, &straight, &mut NoProgress)
+        .unwrap()
+    else {
+        panic!("the run should finish")
+    };
+
+    let parted = tempfile::tempdir().unwrap();
+    let parted_dir = RunDir::create(parted.path()).unwrap();
+    let mut first = ScriptedLlm::new(replies);
+    let stopped = RunFiles {
+        dir: &parted_dir,
+        fingerprint: "test".into(),
+        resume: false,
+        stop_after: Some(stop_after),
+    };
+    let outcome = spec
+        .run(&mut first, chunks, &stopped, &mut NoProgress)
+        .unwrap();
+    assert!(matches!(outcome, Outcome::Paused { completed } if completed == stop_after));
+    let mut rest = ScriptedLlm::new(&replies[first.prompts.len()..]);
+    let resumed = RunFiles {
+        dir: &parted_dir,
+        fingerprint: "test".into(),
+        resume: true,
+        stop_after: None,
+    };
+    let Outcome::Finished {
+        summary: again,
+        stats: stats_again,
+    } = spec
+        .run(&mut rest, chunks, &resumed, &mut NoProgress)
+        .unwrap()
+    else {
+        panic!("the resumed run should finish")
+    };
+    assert_eq!(again, summary);
+    assert_eq!(
+        (stats_again.calls, stats_again.steps),
+        (stats.calls, stats.steps)
+    );
+    assert_eq!(
+        std::fs::read_to_string(whole.path().join("steps.jsonl"))
+            .unwrap()
+            .lines()
+            .count(),
+        std::fs::read_to_string(parted.path().join("steps.jsonl"))
+            .unwrap()
+            .lines()
+            .count(),
+    );
+}
+
+#[test]
+fn incremental_resumes_to_the_same_summary() {
+    let spec = MethodSpec::Incremental {
+        config: incremental_config(60),
+    };
+    let replies = [
+        "The ship sails.",
+        "The ship sails north into the ice while the whole crew grows uneasy.",
+        "The ship sails north; the crew is uneasy.",
+        "The ship is trapped.",
+    ];
+    assert_resume_gives_the_same(spec, &chunks(3), &replies, 2);
+}
+
+#[test]
+fn hierarchical_resumes_to_the_same_summary() {
+    let spec = MethodSpec::Hierarchical {
+        config: hierarchical_config(900),
+    };
+    let replies = [
+        "A sails.",
+        "B freezes.",
+        "C returns.",
+        "D sinks.",
+        "All of it.",
+    ];
+    assert_resume_gives_the_same(spec, &chunks(4), &replies, 3);
+}
+
+#[test]
+fn detail_resumes_to_the_same_summary() {
+    let spec = MethodSpec::Detail {
+        config: detail_config(0.0, true),
+    };
+    let replies = ["One.", "Two.", "Three."];
+    assert_resume_gives_the_same(spec, &chunks(3), &replies, 1);
+}
