@@ -1,6 +1,7 @@
 //! One integration-test binary; each module covers one capability.
 
 mod cli;
+mod cok;
 mod common;
 mod constrained;
 mod engine;

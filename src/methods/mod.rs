@@ -6,6 +6,7 @@
 //! with its settings; it is what `summarize --method` and `bench --methods`
 //! build, and part of a run's identity.
 
+pub mod cok;
 pub mod llm;
 pub mod prism;
 pub mod revision_grammar;
@@ -24,6 +25,23 @@ pub enum MethodSpec {
     Prism {
         config: prism::PrismConfig,
         /// The memory schema, as JSON Schema.
+        schema: serde_json::Value,
+    },
+    /// Generate-update with a prose memory (CoK paper baseline).
+    GuText { config: cok::CokConfig },
+    /// Generate-update with a JSON memory (CoK paper baseline).
+    GuJson {
+        config: cok::CokConfig,
+        schema: serde_json::Value,
+    },
+    /// Generate-merge with a JSON memory (CoK paper baseline).
+    GmJson {
+        config: cok::CokConfig,
+        schema: serde_json::Value,
+    },
+    /// Chain-of-key revisions of a JSON memory.
+    Cok {
+        config: cok::CokConfig,
         schema: serde_json::Value,
     },
 }
@@ -48,6 +66,57 @@ impl MethodSpec {
                     progress,
                 )
             }
+            MethodSpec::GuText { config } => run_cok(
+                cok::Variant::GuText,
+                config,
+                None,
+                llm,
+                chunks,
+                files,
+                progress,
+            ),
+            MethodSpec::GuJson { config, schema } => run_cok(
+                cok::Variant::GuJson,
+                config,
+                Some(schema),
+                llm,
+                chunks,
+                files,
+                progress,
+            ),
+            MethodSpec::GmJson { config, schema } => run_cok(
+                cok::Variant::GmJson,
+                config,
+                Some(schema),
+                llm,
+                chunks,
+                files,
+                progress,
+            ),
+            MethodSpec::Cok { config, schema } => run_cok(
+                cok::Variant::Cok,
+                config,
+                Some(schema),
+                llm,
+                chunks,
+                files,
+                progress,
+            ),
         }
     }
+}
+
+/// Run one of the CoK paper's methods with [`drive`]; `schema` shapes a JSON memory.
+fn run_cok(
+    variant: cok::Variant,
+    config: &cok::CokConfig,
+    schema: Option<&serde_json::Value>,
+    llm: &mut dyn Llm,
+    chunks: &[Chunk],
+    files: &RunFiles,
+    progress: &mut dyn Progress,
+) -> Result<Outcome> {
+    let schema = schema.map(Schema::from_value).transpose()?;
+    let method = cok::Cok::new(variant, config, schema.as_ref())?;
+    drive(&method, llm, chunks, files, progress)
 }
