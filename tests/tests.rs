@@ -2,6 +2,7 @@
 
 mod baselines;
 mod cli;
+mod cok;
 mod common;
 mod constrained;
 mod engine;

@@ -14,6 +14,7 @@ use prism::chunk::Chunk;
 use prism::engine::sampling::SamplingConfig;
 use prism::engine::{Engine, GenerateOptions};
 use prism::memory::Schema;
+use prism::methods::cok::CokConfig;
 use prism::methods::detail::DetailConfig;
 use prism::methods::hierarchical::HierarchicalConfig;
 use prism::methods::incremental::IncrementalConfig;
@@ -37,6 +38,14 @@ pub enum MethodName {
     Hierarchical,
     /// Chunk summaries joined in order, as many chunks as --detail asks for (OpenAI cookbook).
     Detail,
+    /// Generate-update, prose memory: the model rewrites the memory after each chunk (CoK paper).
+    GuText,
+    /// Generate-update, JSON memory: the model rewrites the memory after each chunk (CoK paper).
+    GuJson,
+    /// Generate-merge, JSON memory: a memory per chunk, merged by key, then rid of repeats (CoK paper).
+    GmJson,
+    /// Chain-of-key: the model lists the memory's keys, then revises the matching ones and adds new ones.
+    Cok,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -69,13 +78,13 @@ pub struct MethodArgs {
     /// prism: allow `add` revisions only (the paper's "without updates" ablation).
     #[arg(long)]
     pub no_updates: bool,
-    /// prism: the memory schema (a JSON Schema file).
+    /// prism, gu-json, gm-json, cok: the memory schema (a JSON Schema file).
     #[arg(long, default_value = "schemas/book.json")]
     pub schema: PathBuf,
-    /// prism: the most tokens one revision step may write.
+    /// prism, cok: the most tokens one revision step may write; gm-json: the most a chunk's own memory may have; gu-text, gu-json, gm-json: how far a rewrite of the memory may outgrow it.
     #[arg(long, default_value_t = 512)]
     pub revision_tokens: usize,
-    /// prism: decode revisions under a grammar derived from the schema (every line parses and type-checks).
+    /// prism, gu-json, gm-json, cok: decode under a grammar derived from the schema (output parses and type-checks).
     #[arg(long, value_enum, default_value = "on")]
     pub constrained: OnOff,
     /// incremental, hierarchical, detail: the most tokens of a summary (incremental: the running summary; hierarchical: the top one, lower levels get less; detail: each chunk's).
@@ -90,6 +99,9 @@ pub struct MethodArgs {
     /// detail: show each chunk's call the summaries of the chunks before it.
     #[arg(long)]
     pub recursive: bool,
+    /// gu-text, gu-json, gm-json, cok: have the model compress the memory when it grows past this many tokens (0: never).
+    #[arg(long, default_value_t = 1000)]
+    pub memory_token_limit: usize,
 }
 
 impl MethodArgs {
@@ -142,6 +154,21 @@ impl MethodArgs {
                     },
                 }
             }
+            MethodName::GuText => MethodSpec::GuText {
+                config: self.cok_config(),
+            },
+            MethodName::GuJson => MethodSpec::GuJson {
+                config: self.cok_config(),
+                schema: self.schema_json()?,
+            },
+            MethodName::GmJson => MethodSpec::GmJson {
+                config: self.cok_config(),
+                schema: self.schema_json()?,
+            },
+            MethodName::Cok => MethodSpec::Cok {
+                config: self.cok_config(),
+                schema: self.schema_json()?,
+            },
         })
     }
 
@@ -151,6 +178,16 @@ impl MethodArgs {
             "--max-summary-tokens must be at least 1"
         );
         Ok(self.max_summary_tokens)
+    }
+
+    fn cok_config(&self) -> CokConfig {
+        CokConfig {
+            query: self.query.clone(),
+            step_tokens: self.revision_tokens,
+            answer_tokens: self.answer_tokens,
+            memory_token_limit: (self.memory_token_limit > 0).then_some(self.memory_token_limit),
+            constrained: self.constrained == OnOff::On,
+        }
     }
 
     fn schema_json(&self) -> Result<serde_json::Value> {
@@ -174,7 +211,7 @@ pub struct SummarizeArgs {
     /// Tokens per chunk; chunks end on paragraph or sentence boundaries.
     #[arg(long, default_value_t = 2048)]
     chunk_tokens: usize,
-    /// The run directory: summary.txt, steps.jsonl, stats.json, checkpoint.json (and memory.json for prism).
+    /// The run directory: summary.txt, steps.jsonl, stats.json, checkpoint.json, and memory.json for methods with a memory.
     #[arg(long)]
     out: PathBuf,
     /// Continue the interrupted run in --out.
@@ -183,7 +220,7 @@ pub struct SummarizeArgs {
     /// Read only the first chunks of the document, up to this many tokens in all.
     #[arg(long)]
     first_tokens: Option<usize>,
-    /// Stop after this many steps (one chunk each, but one model call each for hierarchical); continue with --resume.
+    /// Stop after this many steps (one chunk each for prism, incremental and detail; one model call each for hierarchical, gu/gm/cok); continue with --resume.
     #[arg(long, alias = "stop-after-steps")]
     stop_after_chunks: Option<usize>,
     #[command(flatten)]

@@ -16,7 +16,7 @@ pub mod render;
 pub mod revision;
 pub mod schema;
 
-pub use parse::parse_revisions;
+pub use parse::{parse_memory, parse_revisions, ParsedMemory};
 pub use path::{JsonPath, PathError, Segment};
 pub use render::{render_in_place, render_revision, Amendments};
 pub use revision::{apply, Op, Rejection, RejectionKind, Revision};

@@ -1,4 +1,5 @@
-//! Reading revisions out of raw model output, tolerating the usual mess.
+//! Reading revisions, or a whole memory, out of raw model output, tolerating
+//! the usual mess.
 //!
 //! The form models are asked for is one JSON object per line:
 //!
@@ -21,7 +22,11 @@
 //! `[`, or whose brackets do not start JSON and hold no `"` or `{`). Anything
 //! that looks like an attempt at JSON but is not a revision comes back as an
 //! `Err` quoting the text and saying why, one per attempt, for the caller to
-//! count. Nothing here consults the schema.
+//! count.
+//!
+//! [`parse_memory`] reads the first JSON object of the output instead, for
+//! methods that have the model write the whole memory out. Nothing here
+//! consults the schema.
 
 use serde_json::{Map, Value};
 
@@ -56,6 +61,105 @@ pub fn parse_revisions(output: &str) -> Vec<Result<Revision, String>> {
         }
     }
     found
+}
+
+/// A whole memory read out of model output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedMemory {
+    pub memory: Value,
+    /// The object was cut off (the model ran out of tokens) and has been
+    /// closed after its last complete member or list item.
+    pub was_cut: bool,
+}
+
+/// The first JSON object in `output`, as a whole memory. Code fences and prose
+/// around it are skipped; an object cut off before its end is closed after
+/// the last member or list item written in full. Returns why not when there
+/// is no such object. Never panics.
+pub fn parse_memory(output: &str) -> Result<ParsedMemory, String> {
+    // Joined without a final newline, so that a string cut off at the end
+    // reads as cut off, not as a string holding a raw newline.
+    let text = output
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("```"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut first_error = None;
+    for (start, _) in text.match_indices('{') {
+        let candidate = &text[start..];
+        let error = match first_json(candidate) {
+            Ok((memory, _)) => {
+                return Ok(ParsedMemory {
+                    memory,
+                    was_cut: false,
+                })
+            }
+            Err(error) => error,
+        };
+        if error.is_eof() {
+            if let Some(memory) =
+                close_cut(candidate).and_then(|closed| serde_json::from_str(&closed).ok())
+            {
+                return Ok(ParsedMemory {
+                    memory,
+                    was_cut: true,
+                });
+            }
+        }
+        first_error.get_or_insert(error);
+    }
+    Err(match first_error {
+        Some(error) => format!("`{}`: not valid JSON: {error}", quote(text.trim())),
+        None => format!("`{}`: no JSON object", quote(text.trim())),
+    })
+}
+
+/// `text`, a JSON value that stops before its end, cut back to its last
+/// complete member or list item and closed; `None` when nothing complete is
+/// left to keep.
+fn close_cut(text: &str) -> Option<String> {
+    // The closers still owed, innermost last.
+    let mut open: Vec<char> = Vec::new();
+    let mut in_string = false;
+    let mut escaped = false;
+    // Where the last complete piece ends, and the closers owed there.
+    let mut cut: Option<(usize, Vec<char>)> = None;
+    for (i, c) in text.char_indices() {
+        if in_string {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => {
+                    in_string = false;
+                    // In a list a string is a whole item; in an object it may
+                    // be a key still waiting for its value.
+                    if open.last() == Some(&']') {
+                        cut = Some((i + 1, open.clone()));
+                    }
+                }
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_string = true,
+            '{' => open.push('}'),
+            '[' => open.push(']'),
+            '}' | ']' => {
+                open.pop();
+                if open.is_empty() {
+                    return None;
+                }
+                cut = Some((i + 1, open.clone()));
+            }
+            ',' => cut = Some((i, open.clone())),
+            _ => {}
+        }
+    }
+    let (end, open) = cut?;
+    let mut closed = text[..end].trim_end().to_string();
+    closed.extend(open.iter().rev());
+    Some(closed)
 }
 
 enum Scan {
@@ -379,6 +483,58 @@ That's all."#;
         assert!(parse_revisions("```\n```").is_empty());
     }
 
+    #[test]
+    fn a_memory_is_read_from_fences_and_prose() {
+        let output = "Here is the memory:\n```json\n{\"Voyage\": [\"The ship sails.\"]}\n```\nDone {really}.";
+        assert_eq!(
+            parse_memory(output).unwrap(),
+            ParsedMemory {
+                memory: json!({"Voyage": ["The ship sails."]}),
+                was_cut: false
+            }
+        );
+        // A brace in prose before the object is passed over.
+        let parsed = parse_memory("Notes {draft}: {\"a\": [\"x\"]}").unwrap();
+        assert_eq!(parsed.memory, json!({"a": ["x"]}));
+    }
+
+    #[test]
+    fn a_cut_off_memory_keeps_what_was_written_in_full() {
+        let cases = [
+            (
+                r#"{"a": ["x", "y"], "b": ["z", "half a sent"#,
+                json!({"a": ["x", "y"], "b": ["z"]}),
+            ),
+            (
+                r#"{"a": ["x, [still] a string", "y"], "b": {"c": ["d"]}, "e"#,
+                json!({"a": ["x, [still] a string", "y"], "b": {"c": ["d"]}}),
+            ),
+            (
+                r#"{"a": {"b": ["q\"uote"]}, "c": {"d": "#,
+                json!({"a": {"b": ["q\"uote"]}}),
+            ),
+            (r#"{"a": 1, "b": 2"#, json!({"a": 1})),
+        ];
+        for (text, want) in cases {
+            let parsed = parse_memory(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(parsed.memory, want, "{text}");
+            assert!(parsed.was_cut);
+        }
+    }
+
+    #[test]
+    fn no_memory_says_why() {
+        assert!(parse_memory("").unwrap_err().contains("no JSON object"));
+        assert!(parse_memory("The ship sails north.")
+            .unwrap_err()
+            .contains("no JSON object"));
+        assert!(parse_memory("{\"a\": [1,, 2]}")
+            .unwrap_err()
+            .contains("not valid JSON"));
+        // Cut off before anything was complete.
+        assert!(parse_memory("{\"Voyage\": [\"The sh").is_err());
+    }
+
     proptest! {
         #[test]
         fn never_panics_on_any_text(text in "\\PC{0,200}") {
@@ -388,6 +544,7 @@ That's all."#;
         #[test]
         fn never_panics_on_json_ish_noise(text in "[{}\\[\\]\"$.:, a-z0-9\n`]{0,120}") {
             let _ = parse_revisions(&text);
+            let _ = parse_memory(&text);
         }
     }
 }

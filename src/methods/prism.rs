@@ -15,8 +15,8 @@ use crate::chunk::Chunk;
 use crate::engine::constraint::Grammar;
 use crate::error::Result;
 use crate::memory::{
-    apply, parse_revisions, render_in_place, render_revision, Amendments, Op, Rejection, Revision,
-    Schema,
+    apply, parse_revisions, render_in_place, render_revision, Amendments, Next, Op, Rejection,
+    Revision, Schema,
 };
 use crate::metrics::Figures;
 use crate::rundir::RunDir;
@@ -218,35 +218,10 @@ impl<'a> Prism<'a> {
 
     /// Parse `output` and apply each revision that checks out, in order.
     fn fold(&self, state: &mut PrismState, output: &str) -> (Vec<Revision>, Vec<Refused>) {
-        let mut applied = Vec::new();
-        let mut rejected = Vec::new();
-        for parsed in parse_revisions(output) {
-            let revision = match parsed {
-                Ok(revision) => revision,
-                Err(reason) => {
-                    rejected.push(Refused {
-                        revision: None,
-                        reason,
-                    });
-                    continue;
-                }
-            };
-            let outcome = if !self.config.updates && revision.op == Op::Update {
-                Err(Rejection::update_disabled(&revision))
-            } else {
-                apply(&state.memory, &revision, self.schema)
-            };
-            match outcome {
-                Ok(memory) => {
-                    state.memory = memory;
-                    state.amendments.push(revision.clone());
-                    applied.push(revision);
-                }
-                Err(rejection) => rejected.push(Refused {
-                    revision: Some(render_revision(&revision).trim_end().to_string()),
-                    reason: rejection.reason,
-                }),
-            }
+        let (applied, rejected) =
+            apply_revisions(&mut state.memory, output, self.schema, self.config.updates);
+        for revision in &applied {
+            state.amendments.push(revision.clone());
         }
         (applied, rejected)
     }
@@ -259,24 +234,66 @@ impl<'a> Prism<'a> {
     }
 }
 
+/// Parse the revisions in `output` and apply to `memory` each one that checks
+/// out against `schema`, in order; `update`s are refused unless `updates`.
+/// Returns what was applied and what was refused, with the reasons.
+pub(crate) fn apply_revisions(
+    memory: &mut Value,
+    output: &str,
+    schema: &Schema,
+    updates: bool,
+) -> (Vec<Revision>, Vec<Refused>) {
+    let mut applied = Vec::new();
+    let mut rejected = Vec::new();
+    for parsed in parse_revisions(output) {
+        let revision = match parsed {
+            Ok(revision) => revision,
+            Err(reason) => {
+                rejected.push(Refused {
+                    revision: None,
+                    reason,
+                });
+                continue;
+            }
+        };
+        let outcome = if !updates && revision.op == Op::Update {
+            Err(Rejection::update_disabled(&revision))
+        } else {
+            apply(memory, &revision, schema)
+        };
+        match outcome {
+            Ok(next) => {
+                *memory = next;
+                applied.push(revision);
+            }
+            Err(rejection) => rejected.push(Refused {
+                revision: Some(render_revision(&revision).trim_end().to_string()),
+                reason: rejection.reason,
+            }),
+        }
+    }
+    (applied, rejected)
+}
+
 /// An `add` line for the first place an empty memory can grow, with
 /// placeholders where the model's own words go.
 fn example_line(schema: &Schema) -> String {
+    example_add(schema, "<name>")
+        .map(|revision| render_revision(&revision).trim_end().to_string())
+        .unwrap_or_default()
+}
+
+/// An `add` revision at the first place an empty memory can grow, named
+/// `new_key` where the model would choose a key, with a placeholder value.
+pub(crate) fn example_add(schema: &Schema, new_key: &str) -> Option<Revision> {
     let empty = schema.empty_memory();
-    let Some((pattern, node)) = schema.add_targets(&empty).into_iter().next() else {
-        return String::new();
-    };
+    let (pattern, node) = schema.add_targets(&empty).into_iter().next()?;
     let path = match &pattern.next {
-        crate::memory::Next::NewKey => format!("{}.'<name>'", pattern.prefix),
-        _ => pattern.to_string(),
+        Next::NewKey => pattern.prefix.key(new_key),
+        Next::Key(name) => pattern.prefix.key(name.clone()),
+        Next::Index(index) => pattern.prefix.index(*index),
     };
-    let line =
-        serde_json::json!({"op": "add", "path": path, "value": placeholder(schema, node, 0)});
-    // Same spacing as the memory's own revision lines.
-    serde_json::to_string(&line)
-        .expect("a JSON value serializes")
-        .replace("\",\"", "\", \"")
-        .replace("\":", "\": ")
+    Some(Revision::add(path, placeholder(schema, node, 0)))
 }
 
 /// A value of `node`'s type with `<…>` placeholders for its text.

@@ -5,9 +5,11 @@
 //! The grammar is in llguidance's Lark dialect; each value is an inline
 //! `%json` schema taken from the memory schema at that path, with bounds on
 //! string length and list size so that a small model cannot write forever.
+//! The same bounds make the JSON Schema of a whole memory, for methods that
+//! have the model write the memory out instead of revising it.
 
 use crate::engine::constraint::fixed_spacing;
-use crate::memory::{JsonPath, Next, NodeKind, Schema, SchemaNode};
+use crate::memory::{JsonPath, Next, NodeKind, Op, Schema, SchemaNode};
 use serde_json::{json, Map, Value};
 
 /// The longest string value a constrained revision may hold. With at most
@@ -33,53 +35,109 @@ pub fn revision_grammar(
     updates: bool,
     max_lines: usize,
 ) -> String {
-    let mut rules = Vec::new();
-    let mut alternatives = Vec::new();
-    let mut add_rule = |op: &str, path: PathText, node: &SchemaNode| {
-        let name = format!("r{}", alternatives.len());
-        let mut value = value_schema(schema, node, 0);
-        if let Value::Object(map) = &mut value {
-            map.insert("x-guidance".into(), fixed_spacing());
-        }
-        let value = serde_json::to_string(&value).expect("a JSON value serializes");
-        let head = lark_string(&format!("{{\"op\": \"{op}\", \"path\": \"{}", path.before));
-        let tail = lark_string(&format!("{}\", \"value\": ", path.after));
-        let key = if path.new_key { " KEY " } else { " " };
-        rules.push(format!("{name}: {head}{key}{tail} %json {value} \"}}\\n\""));
-        alternatives.push(name);
-    };
-    for (pattern, node) in schema.add_targets(memory) {
-        match &pattern.next {
-            Next::NewKey => add_rule("add", PathText::new_key(&pattern.prefix), node),
-            Next::Key(name) => add_rule(
-                "add",
-                PathText::fixed(&pattern.prefix.key(name.clone())),
-                node,
-            ),
-            // A list grows by `add` at the list itself with a list of new items:
-            // unlike its next index, that path stays valid however many lines
-            // of the same step add to it.
-            Next::Index(_) => {
-                if let Some(list) = schema.at_path(&pattern.prefix) {
-                    add_rule("add", PathText::fixed(&pattern.prefix), list);
-                }
-            }
-        }
-    }
-    if updates {
-        for (path, node) in schema.update_targets(memory) {
-            add_rule("update", PathText::fixed(&path), node);
-        }
-    }
-    if alternatives.is_empty() {
+    let rules = LineRules::new(schema, memory, updates);
+    if rules.adds.is_empty() && rules.updates.is_empty() {
         // Nothing can change: the only admissible output is no revision at all.
         return "start: \"\"\n".to_string();
     }
     format!(
-        "start: line{{1,{max_lines}}}\nline: {}\n{}\nKEY: {NEW_KEY}\n",
-        alternatives.join(" | "),
-        rules.join("\n"),
+        "start: line{{1,{max_lines}}}\nline: {}\n{}",
+        [rules.adds, rules.updates].concat().join(" | "),
+        rules.definitions,
     )
+}
+
+/// The Lark rules of single revision lines that fit a memory, one rule per
+/// place a revision may go, for grammars that arrange the lines their own way.
+pub(crate) struct LineRules {
+    /// Names of the rules for `add` lines.
+    pub adds: Vec<String>,
+    /// Names of the rules for `update` lines (none unless updates are allowed).
+    pub updates: Vec<String>,
+    /// The rules themselves and the `KEY` terminal they use, ending in `\n`.
+    pub definitions: String,
+}
+
+impl LineRules {
+    pub fn new(schema: &Schema, memory: &Value, updates: bool) -> Self {
+        let mut rules = Vec::new();
+        let mut adds = Vec::new();
+        let mut update_names = Vec::new();
+        let mut add_rule = |op: Op, path: PathText, node: &SchemaNode| {
+            let name = format!("r{}", rules.len());
+            let mut value = value_schema(schema, node, 0, Some(MAX_LIST_ITEMS));
+            if let Value::Object(map) = &mut value {
+                map.insert("x-guidance".into(), fixed_spacing());
+            }
+            let value = serde_json::to_string(&value).expect("a JSON value serializes");
+            let head = lark_string(&format!("{{\"op\": \"{op}\", \"path\": \"{}", path.before));
+            let tail = lark_string(&format!("{}\", \"value\": ", path.after));
+            let key = if path.new_key { " KEY " } else { " " };
+            rules.push(format!("{name}: {head}{key}{tail} %json {value} \"}}\\n\""));
+            match op {
+                Op::Add => adds.push(name),
+                Op::Update => update_names.push(name),
+            }
+        };
+        for (pattern, node) in schema.add_targets(memory) {
+            match &pattern.next {
+                Next::NewKey => add_rule(Op::Add, PathText::new_key(&pattern.prefix), node),
+                Next::Key(name) => add_rule(
+                    Op::Add,
+                    PathText::fixed(&pattern.prefix.key(name.clone())),
+                    node,
+                ),
+                // A list grows by `add` at the list itself with a list of new items:
+                // unlike its next index, that path stays valid however many lines
+                // of the same step add to it.
+                Next::Index(_) => {
+                    if let Some(list) = schema.at_path(&pattern.prefix) {
+                        add_rule(Op::Add, PathText::fixed(&pattern.prefix), list);
+                    }
+                }
+            }
+        }
+        if updates {
+            for (path, node) in schema.update_targets(memory) {
+                add_rule(Op::Update, PathText::fixed(&path), node);
+            }
+        }
+        LineRules {
+            adds,
+            updates: update_names,
+            definitions: format!("{}\nKEY: {NEW_KEY}\n", rules.join("\n")),
+        }
+    }
+}
+
+/// Lark expressions for the path of each key an `add` could create in
+/// `memory`, each written as a JSON string (`"$.'" KEY "'"` with its quotes).
+/// They use the `KEY` terminal of [`LineRules::definitions`].
+pub(crate) fn new_key_paths(schema: &Schema, memory: &Value) -> Vec<String> {
+    schema
+        .add_targets(memory)
+        .into_iter()
+        .filter_map(|(pattern, _)| {
+            let path = match &pattern.next {
+                Next::NewKey => PathText::new_key(&pattern.prefix),
+                Next::Key(name) => PathText::fixed(&pattern.prefix.key(name.clone())),
+                Next::Index(_) => return None,
+            };
+            let key = if path.new_key { " KEY " } else { " " };
+            Some(format!(
+                "{}{key}{}",
+                lark_string(&format!("\"{}", path.before)),
+                lark_string(&format!("{}\"", path.after))
+            ))
+        })
+        .collect()
+}
+
+/// The JSON Schema of a whole memory for constrained decoding: the memory
+/// schema with strings bounded as in revisions, lists unbounded (a memory's
+/// lists keep growing) but never empty.
+pub fn memory_json_schema(schema: &Schema) -> Value {
+    value_schema(schema, schema.root(), 0, None)
 }
 
 /// A path as it appears inside the JSON line: fixed text, or text around a new key.
@@ -115,14 +173,20 @@ fn json_escape(text: &str) -> String {
 }
 
 /// `text` as a Lark string literal (Lark reads JSON's escapes).
-fn lark_string(text: &str) -> String {
+pub(crate) fn lark_string(text: &str) -> String {
     serde_json::to_string(text).expect("a string serializes")
 }
 
-/// The JSON Schema a value at `node` must satisfy, bounded for decoding.
+/// The JSON Schema a value at `node` must satisfy, bounded for decoding: lists
+/// hold at least one item and at most `max_list_items` when given.
 /// References are inlined; past a few levels of recursion anything goes
 /// (the memory schema still checks the value when it is applied).
-fn value_schema(schema: &Schema, node: &SchemaNode, depth: usize) -> Value {
+fn value_schema(
+    schema: &Schema,
+    node: &SchemaNode,
+    depth: usize,
+    max_list_items: Option<usize>,
+) -> Value {
     let node = schema.resolve(node);
     if depth > 6 {
         return json!({});
@@ -140,12 +204,17 @@ fn value_schema(schema: &Schema, node: &SchemaNode, depth: usize) -> Value {
         NodeKind::Number => json!({"type": "number"}),
         NodeKind::Integer => json!({"type": "integer"}),
         NodeKind::Boolean => json!({"type": "boolean"}),
-        NodeKind::Array { items } => json!({
-            "type": "array",
-            "items": value_schema(schema, items, depth + 1),
-            "minItems": 1,
-            "maxItems": MAX_LIST_ITEMS,
-        }),
+        NodeKind::Array { items } => {
+            let mut list = json!({
+                "type": "array",
+                "items": value_schema(schema, items, depth + 1, max_list_items),
+                "minItems": 1,
+            });
+            if let Some(max) = max_list_items {
+                list["maxItems"] = max.into();
+            }
+            list
+        }
         NodeKind::Object {
             properties,
             required,
@@ -153,10 +222,15 @@ fn value_schema(schema: &Schema, node: &SchemaNode, depth: usize) -> Value {
         } => {
             let properties: Map<String, Value> = properties
                 .iter()
-                .map(|(key, child)| (key.clone(), value_schema(schema, child, depth + 1)))
+                .map(|(key, child)| {
+                    (
+                        key.clone(),
+                        value_schema(schema, child, depth + 1, max_list_items),
+                    )
+                })
                 .collect();
             let additional = match additional {
-                Some(child) => value_schema(schema, child, depth + 1),
+                Some(child) => value_schema(schema, child, depth + 1, max_list_items),
                 None => Value::Bool(false),
             };
             json!({

@@ -1,0 +1,45 @@
+//! Generate-update: after each chunk the model writes the whole memory again,
+//! keeping what it held and adding what the chunk tells. An output that does
+//! not read as a memory (empty prose, JSON that does not parse or validate)
+//! is refused and counted, and the memory stays as it was.
+
+use super::{chunk_segment, memory_segments, Call, Cok, CokState, Kind, Step};
+use crate::chunk::Chunk;
+use crate::error::Result;
+use crate::methods::llm::Llm;
+
+/// Read `chunk` into the memory by having the model rewrite it.
+pub(super) fn step(
+    cok: &Cok,
+    llm: &mut dyn Llm,
+    state: &mut CokState,
+    chunk: &Chunk,
+    chunks: usize,
+) -> Result<Step> {
+    let form = match cok.kind {
+        Kind::GuText => "in plain prose",
+        _ => "as one JSON object",
+    };
+    let mut tail = memory_segments(&state.memory);
+    tail.push(chunk_segment(chunk, chunks));
+    tail.push(format!(
+        "\n## Your answer\nWrite the whole memory again, {form}, so that it also covers chunk {}. Write nothing else.\n",
+        chunk.index + 1
+    ));
+    let (mut step, read) = cok.rewrite(
+        llm,
+        Call::Update,
+        Some(chunk.index),
+        &state.memory,
+        tail,
+        cok.rewrite_tokens(state),
+    )?;
+    match read {
+        Ok(memory) => state.memory = memory,
+        Err(reason) => {
+            state.counts.updates_rejected += 1;
+            step.refused = Some(reason);
+        }
+    }
+    Ok(step)
+}
