@@ -209,6 +209,14 @@ impl Engine {
         self.prefix_cache = enabled;
     }
 
+    /// Forget every cached token, so the next call starts cold, as on a freshly
+    /// loaded engine; runs measured one after another then do not depend on
+    /// their order. The storage stays allocated.
+    pub fn clear_cache(&mut self) {
+        self.cache.truncate(0);
+        self.prompt_logits = None;
+    }
+
     /// The token ids whose keys and values the engine holds.
     pub fn cached_tokens(&self) -> &[u32] {
         self.cache.tokens()
