@@ -1,5 +1,6 @@
 //! One integration-test binary; each module covers one capability.
 
+mod bench;
 mod cli;
 mod common;
 mod constrained;
