@@ -84,7 +84,10 @@ fn draw(
             .collect();
         chart
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
-            .label(line.method.as_str())
+            // plotters sizes the legend box by a font-less width estimate
+            // that comes out short; two trailing spaces, which SVG viewers
+            // drop, widen the box to fit.
+            .label(format!("{}  ", line.method))
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
             });

@@ -46,7 +46,7 @@ fn header(out: &mut String, rows: &[Row]) {
         out,
         "Machine",
         distinct(rows, |row| {
-            format!("{} on {}", row.device, row.machine.describe())
+            format!("{}, device {}", row.machine.describe(), row.device)
         }),
     );
     line(
@@ -63,6 +63,22 @@ fn header(out: &mut String, rows: &[Row]) {
             )
         }),
     );
+    let read: Vec<usize> = rows
+        .iter()
+        .filter(|row| row.read_tokens < row.document_tokens)
+        .map(|row| row.read_tokens)
+        .collect();
+    if let (Some(fewest), Some(most)) = (read.iter().min(), read.iter().max()) {
+        let span = if fewest == most {
+            fewest.to_string()
+        } else {
+            format!("{fewest} to {most}")
+        };
+        let _ = writeln!(
+            out,
+            "- Read: the first {span} tokens (whole chunks up to --first-tokens)"
+        );
+    }
     line(
         out,
         "prism revision",
@@ -213,6 +229,16 @@ mod tests {
         assert!(report.contains("- Command: `prism bench doc.txt`\n"));
         assert!(report.contains("- Date: 2025-03-01 to 2025-03-03\n"));
         assert!(report.contains("- Runs: 3\n"));
+        assert!(!report.contains("- Read:"), "whole documents were read");
+        let mut partial = rows();
+        partial[0].document_tokens = 5000;
+        partial[1].document_tokens = 5000;
+        partial[1].read_tokens = 980;
+        let report = markdown(&partial);
+        assert!(
+            report.contains("- Read: the first 980 to 1000 tokens"),
+            "{report}"
+        );
     }
 
     #[test]

@@ -43,11 +43,14 @@ pub struct Row {
 
 impl Row {
     /// `stats` as `stats.json` holds them, with its `method` moved to `label`.
-    pub fn stats_from_json(mut stats: Map<String, Value>) -> Map<String, Value> {
-        if let Some(label) = stats.remove("method") {
-            stats.insert("label".into(), label);
-        }
+    pub fn stats_from_json(stats: Map<String, Value>) -> Map<String, Value> {
         stats
+            .into_iter()
+            .map(|(key, value)| match key.as_str() {
+                "method" => ("label".to_string(), value),
+                _ => (key, value),
+            })
+            .collect()
     }
 
     /// A numeric field of the run's stats, if present.
@@ -406,13 +409,16 @@ pub(crate) mod tests {
     #[test]
     fn stats_json_method_becomes_label() {
         let stats = Row::stats_from_json(
-            json!({"method": "prism-amendments", "calls": 3})
+            json!({"method": "prism-amendments", "calls": 3, "retries": 0})
                 .as_object()
                 .unwrap()
                 .clone(),
         );
         assert_eq!(stats["label"], "prism-amendments");
         assert!(!stats.contains_key("method"));
+        // The label keeps its place, so CSV columns keep stats.json's order.
+        let keys: Vec<&str> = stats.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["label", "calls", "retries"]);
     }
 
     #[test]
