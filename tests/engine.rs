@@ -259,3 +259,18 @@ fn a_second_slot_keeps_a_long_sequence_for_a_prompt_that_returns_to_it() {
     refine.push(5);
     assert_eq!(check_pair(&mut cached, &mut fresh, &question, &refine), 4);
 }
+
+#[test]
+fn a_cleared_cache_starts_cold_and_answers_as_a_fresh_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = load_tiny(TinyArch::Qwen2, &dir);
+    let mut fresh = load_tiny(TinyArch::Qwen2, &dir);
+    let prompt: Vec<u32> = (2..30).collect();
+    engine.prefill(&prompt).unwrap();
+    engine.clear_cache();
+    assert!(engine.cached_tokens().is_empty());
+    let (logits, usage) = engine.prefill(&prompt).unwrap();
+    assert_eq!(usage.reused_tokens, 0);
+    let (expected, _) = fresh.prefill(&prompt).unwrap();
+    assert!(max_abs_diff(&logits, &expected) <= TOLERANCE);
+}

@@ -1,6 +1,7 @@
 //! One integration-test binary; each module covers one capability.
 
 mod baselines;
+mod bench;
 mod cli;
 mod cok;
 mod common;

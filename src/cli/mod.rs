@@ -1,5 +1,6 @@
 //! Subcommands and the flags they share.
 
+mod bench;
 mod bench_engine;
 mod generate;
 mod models;
@@ -33,6 +34,8 @@ enum Command {
     Models(models::ModelsArgs),
     /// Summarize a document far longer than the context, chunk by chunk.
     Summarize(Box<summarize::SummarizeArgs>),
+    /// Sweep methods × chunk sizes over a document: one run each, a report and charts.
+    Bench(Box<bench::BenchArgs>),
     /// Measure prefill and decode speed and the gain from a cached prefix.
     BenchEngine(bench_engine::BenchEngineArgs),
 }
@@ -50,6 +53,12 @@ pub fn run() -> Result<()> {
         }
         Command::Models(args) => models::run(args),
         Command::Summarize(args) => summarize::run_summarize(*args),
+        Command::Bench(args) => {
+            let sub = matches
+                .subcommand_matches("bench")
+                .expect("clap matched the bench subcommand");
+            bench::run(*args, sub)
+        }
         Command::BenchEngine(args) => bench_engine::run(args),
     }
 }

@@ -364,16 +364,20 @@ pub struct Job<'a> {
 }
 
 impl Job<'_> {
-    pub fn run(&self, engine: &mut Engine, progress: &mut dyn Progress) -> Result<Outcome> {
-        let identity = RunIdentity {
+    /// The fingerprint of everything that decides the run's result on `model`.
+    pub fn fingerprint(&self, model: &str) -> String {
+        fingerprint(&RunIdentity {
             document_sha256: &self.document.sha256,
-            model: engine.name(),
+            model,
             chunk_tokens: self.document.chunk_tokens,
             chunks: self.document.chunks.len(),
             spec: self.spec,
             sampling: self.sampling,
-        };
-        let fingerprint = fingerprint(&identity);
+        })
+    }
+
+    pub fn run(&self, engine: &mut Engine, progress: &mut dyn Progress) -> Result<Outcome> {
+        let fingerprint = self.fingerprint(engine.name());
         let options = GenerateOptions {
             sampling: self.sampling.clone(),
             ..GenerateOptions::default()
@@ -410,6 +414,11 @@ impl Bar {
             .progress_chars("=> "),
         );
         Bar { bar, prefix }
+    }
+
+    /// Show `prefix` before the stage from now on.
+    pub fn set_prefix(&mut self, prefix: String) {
+        self.prefix = prefix;
     }
 
     fn show(&self, position: &Position, figures: Option<&Figures>) {

@@ -213,7 +213,9 @@ impl Engine {
         self.slots.set_limit(slots);
     }
 
-    /// Forget every cached sequence, so the next prompt starts cold.
+    /// Forget every cached sequence, so the next call starts cold, as on a
+    /// freshly loaded engine; runs measured one after another then do not
+    /// depend on their order. The storage stays allocated.
     pub fn clear_cache(&mut self) {
         self.slots.clear();
     }

@@ -1,0 +1,285 @@
+//! A sweep's `report.md`: where it ran, one table per chunk size laid out
+//! like the PRISM paper's Table 3 (methods as rows: cache hit, tokens, cost
+//! index), and one table per metric across chunk sizes like its Figure 5.
+
+use super::sweep::{chunk_sizes, find, methods, Metric, Row};
+use std::fmt::Write;
+
+/// Shown for a figure a run did not report.
+const MISSING: &str = "–";
+
+/// The report of `rows` as Markdown.
+pub fn markdown(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let documents = distinct(rows, |row| row.document.clone());
+    let _ = writeln!(out, "# prism bench: {}\n", or_none(&documents));
+    header(&mut out, rows);
+    if rows.is_empty() {
+        out.push_str("No run has finished yet.\n");
+        return out;
+    }
+    out.push_str(
+        "Total: prompt tokens encoded; net: those not taken from the KV cache; \
+         cache hit = reused / total. Cost index = (net + 3 × output) / 10⁶, as the PRISM paper \
+         weighs encoding against decoding. Wall time includes every session of a resumed run.\n\n",
+    );
+    for size in chunk_sizes(rows) {
+        let _ = writeln!(out, "## Chunks of {size} tokens\n");
+        table_at_chunk_size(&mut out, rows, size);
+        out.push('\n');
+    }
+    let _ = writeln!(out, "## Across chunk sizes\n");
+    for metric in Metric::ALL {
+        let _ = writeln!(out, "### {}\n", metric_title(metric));
+        table_across_chunk_sizes(&mut out, rows, metric);
+        out.push('\n');
+    }
+    out
+}
+
+fn header(out: &mut String, rows: &[Row]) {
+    let line = |out: &mut String, name: &str, values: Vec<String>| {
+        let _ = writeln!(out, "- {name}: {}", or_none(&values));
+    };
+    line(out, "Model", distinct(rows, |row| row.model.clone()));
+    line(
+        out,
+        "Machine",
+        distinct(rows, |row| {
+            format!("{}, device {}", row.machine.describe(), row.device)
+        }),
+    );
+    line(
+        out,
+        "Document",
+        distinct(rows, |row| {
+            let short = row
+                .document_sha256
+                .get(..12)
+                .unwrap_or(&row.document_sha256);
+            format!(
+                "{} ({} tokens, sha256 {short}…)",
+                row.document, row.document_tokens
+            )
+        }),
+    );
+    let read: Vec<usize> = rows
+        .iter()
+        .filter(|row| row.read_tokens < row.document_tokens)
+        .map(|row| row.read_tokens)
+        .collect();
+    if let (Some(fewest), Some(most)) = (read.iter().min(), read.iter().max()) {
+        let span = if fewest == most {
+            fewest.to_string()
+        } else {
+            format!("{fewest} to {most}")
+        };
+        let _ = writeln!(
+            out,
+            "- Read: the first {span} tokens (whole chunks up to --first-tokens)"
+        );
+    }
+    line(
+        out,
+        "prism revision",
+        distinct(rows, |row| match row.git_dirty {
+            Some(true) => format!("{} with uncommitted changes", row.git_revision),
+            _ => row.git_revision.clone(),
+        }),
+    );
+    line(
+        out,
+        "Command",
+        distinct(rows, |row| format!("`{}`", row.command)),
+    );
+    let mut dates: Vec<&str> = rows.iter().map(|row| row.date.as_str()).collect();
+    dates.sort_unstable();
+    let dates = match (dates.first(), dates.last()) {
+        (Some(first), Some(last)) if first == last => first.to_string(),
+        (Some(first), Some(last)) => format!("{first} to {last}"),
+        _ => MISSING.to_string(),
+    };
+    let _ = writeln!(out, "- Date: {dates}");
+    let _ = writeln!(out, "- Runs: {}\n", rows.len());
+}
+
+/// Table 3 of the paper for one chunk size, with our wall time, calls and
+/// summary length added.
+fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
+    out.push_str(
+        "| Method | Cache hit (%) | Total (×10³) | Net (×10³) | Output (×10³) | Cost index | Wall (s) | Calls | Summary tokens |\n\
+         |---|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+    );
+    for method in methods(rows) {
+        let Some(row) = find(rows, method, chunk_tokens) else {
+            continue;
+        };
+        let thousands = |key: &str| cell(row.number(key).map(|n| n / 1000.0), 1);
+        let _ = writeln!(
+            out,
+            "| {method} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            cell(row.metric(Metric::CacheHit), 1),
+            thousands("prompt_tokens"),
+            thousands("net_tokens"),
+            thousands("output_tokens"),
+            cell(row.metric(Metric::CostIndex), 4),
+            cell(row.number("wall_seconds"), 0),
+            cell(row.number("calls"), 0),
+            cell(row.number("summary_tokens"), 0),
+        );
+    }
+}
+
+/// Figure 5 of the paper as a table: methods × chunk sizes of one metric.
+fn table_across_chunk_sizes(out: &mut String, rows: &[Row], metric: Metric) {
+    let sizes = chunk_sizes(rows);
+    out.push_str("| Method |");
+    for size in &sizes {
+        let _ = write!(out, " {size} |");
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"--:|".repeat(sizes.len()));
+    out.push('\n');
+    for method in methods(rows) {
+        let _ = write!(out, "| {method} |");
+        for &size in &sizes {
+            let value = find(rows, method, size).and_then(|row| row.metric(metric));
+            let value = match metric {
+                Metric::NetTokens | Metric::OutputTokens => value.map(|n| n / 1000.0),
+                Metric::CacheHit | Metric::CostIndex => value,
+            };
+            let _ = write!(out, " {} |", cell(value, metric_decimals(metric)));
+        }
+        out.push('\n');
+    }
+}
+
+fn metric_title(metric: Metric) -> String {
+    match metric {
+        Metric::NetTokens | Metric::OutputTokens => format!("{} (×10³)", metric.title()),
+        Metric::CacheHit | Metric::CostIndex => metric.title().to_string(),
+    }
+}
+
+fn metric_decimals(metric: Metric) -> usize {
+    match metric {
+        Metric::CostIndex => 4,
+        Metric::CacheHit | Metric::NetTokens | Metric::OutputTokens => 1,
+    }
+}
+
+fn cell(value: Option<f64>, decimals: usize) -> String {
+    value.map_or(MISSING.to_string(), |value| format!("{value:.decimals$}"))
+}
+
+/// The distinct values of `key` over `rows`, in order of first appearance.
+fn distinct(rows: &[Row], key: impl Fn(&Row) -> String) -> Vec<String> {
+    let mut values: Vec<String> = Vec::new();
+    for row in rows {
+        let value = key(row);
+        if !values.contains(&value) {
+            values.push(value);
+        }
+    }
+    values
+}
+
+fn or_none(values: &[String]) -> String {
+    if values.is_empty() {
+        MISSING.to_string()
+    } else {
+        values.join("; ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::sweep::tests::row;
+    use serde_json::json;
+
+    fn rows() -> Vec<Row> {
+        let stats = |hit: f64, net: u64| {
+            json!({
+                "cache_hit_rate": hit, "prompt_tokens": 5600, "net_tokens": net,
+                "output_tokens": 470, "cost_index": (net as f64 + 1410.0) / 1e6,
+                "wall_seconds": 12.4, "calls": 6, "summary_tokens": 210,
+            })
+        };
+        let mut rows = vec![
+            row("prism-amendments", 1000, stats(0.69, 1710)),
+            row("prism-in-place", 1000, stats(0.49, 2500)),
+            row("prism-amendments", 500, stats(0.75, 1400)),
+        ];
+        for (row, date) in rows
+            .iter_mut()
+            .zip(["2025-03-02", "2025-03-01", "2025-03-03"])
+        {
+            row.date = date.into();
+            row.command = "prism bench doc.txt".into();
+        }
+        rows
+    }
+
+    #[test]
+    fn header_names_model_document_command_and_date_range() {
+        let report = markdown(&rows());
+        assert!(report.starts_with("# prism bench: doc.txt\n"));
+        assert!(report.contains("- Model: tiny\n"));
+        assert!(report.contains("- Command: `prism bench doc.txt`\n"));
+        assert!(report.contains("- Date: 2025-03-01 to 2025-03-03\n"));
+        assert!(report.contains("- Runs: 3\n"));
+        assert!(!report.contains("- Read:"), "whole documents were read");
+        let mut partial = rows();
+        partial[0].document_tokens = 5000;
+        partial[1].document_tokens = 5000;
+        partial[1].read_tokens = 980;
+        let report = markdown(&partial);
+        assert!(
+            report.contains("- Read: the first 980 to 1000 tokens"),
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn one_table_3_per_chunk_size_with_methods_as_rows() {
+        let report = markdown(&rows());
+        let at_500 = report.find("## Chunks of 500 tokens").unwrap();
+        let at_1000 = report.find("## Chunks of 1000 tokens").unwrap();
+        assert!(at_500 < at_1000, "chunk sizes ascend");
+        let table = &report[at_1000..report.find("## Across").unwrap()];
+        assert!(
+            table.contains("| prism-amendments | 69.0 | 5.6 | 1.7 | 0.5 | 0.0031 | 12 | 6 | 210 |")
+        );
+        assert!(table.contains("| prism-in-place | 49.0 |"));
+        // Methods keep the order they first appeared in.
+        assert!(table.find("prism-amendments").unwrap() < table.find("prism-in-place").unwrap());
+        // A method without a run at a chunk size has no row in that table.
+        let table = &report[at_500..at_1000];
+        assert!(!table.contains("prism-in-place"));
+    }
+
+    #[test]
+    fn figure_5_tables_mark_missing_runs() {
+        let report = markdown(&rows());
+        let hit = &report[report.find("### Cache hit (%)").unwrap()..];
+        assert!(hit.contains("| Method | 500 | 1000 |\n|---|--:|--:|\n"));
+        assert!(hit.contains("| prism-amendments | 75.0 | 69.0 |"));
+        assert!(hit.contains("| prism-in-place | – | 49.0 |"));
+        assert!(report.contains("### Net prompt tokens encoded (×10³)"));
+        assert!(report.contains("### Cost index"));
+    }
+
+    #[test]
+    fn missing_figures_show_as_dashes() {
+        let report = markdown(&[row("incremental", 500, json!({"calls": 3}))]);
+        assert!(report.contains("| incremental | – | – | – | – | – | – | 3 | – |"));
+    }
+
+    #[test]
+    fn an_empty_sweep_says_so() {
+        let report = markdown(&[]);
+        assert!(report.contains("No run has finished yet."));
+        assert!(report.contains("- Model: –"));
+    }
+}

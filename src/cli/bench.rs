@@ -1,0 +1,686 @@
+//! `prism bench`: sweep methods × chunk sizes over one document on one loaded
+//! engine, one run directory each, and keep the sweep's results.jsonl,
+//! results.csv, report.md and charts up to date after every run, so a paused
+//! or interrupted sweep still has a report and resumes where it stopped.
+
+use super::summarize::{Bar, Document, Job, MemoryArg, MethodArgs, MethodName, OnOff};
+use super::{EngineArgs, SamplingArgs};
+use anyhow::{Context, Result};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, Subcommand, ValueEnum};
+use prism::bench::sweep::{self, estimate_seconds, Machine, Metric, Pending, Row};
+use prism::bench::{charts, report};
+use prism::engine::sampling::SamplingConfig;
+use prism::methods::run::Outcome;
+use prism::methods::MethodSpec;
+use prism::rundir::RunDir;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+const RESULTS: &str = "results.jsonl";
+const RESULTS_CSV: &str = "results.csv";
+const REPORT: &str = "report.md";
+const RUNS: &str = "runs";
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: Option<BenchCommand>,
+    #[command(flatten)]
+    sweep: SweepArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Rebuild results.csv, report.md and the charts of a bench directory from its results.jsonl.
+    Report {
+        /// The bench directory (`--out` of the sweep).
+        dir: PathBuf,
+    },
+}
+
+/// The sweep's flags. The required ones are `Option`s only because
+/// `prism bench report` goes without them; clap requires them otherwise.
+#[derive(Debug, Args)]
+struct SweepArgs {
+    /// The document: a UTF-8 text file.
+    #[arg(required = true)]
+    document: Option<PathBuf>,
+    /// Methods, comma-separated: prism-amendments or prism-in-place, each optionally followed by
+    /// -no-updates and/or -unconstrained (in that order), or any other `summarize --method`.
+    /// A prism name sets --memory, --no-updates and --constrained for its runs.
+    #[arg(long, value_delimiter = ',', required = true)]
+    methods: Vec<String>,
+    /// Chunk sizes in tokens, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    chunk_tokens: Vec<usize>,
+    /// The bench directory: runs/<method>-<chunk tokens>/, results.jsonl, results.csv, report.md, *.svg.
+    #[arg(long, required = true)]
+    out: Option<PathBuf>,
+    /// Continue the sweep in --out: finished runs are skipped, a run cut short resumes from its checkpoint.
+    #[arg(long)]
+    resume: bool,
+    /// Read only the first chunks of the document, up to this many tokens in all.
+    #[arg(long)]
+    first_tokens: Option<usize>,
+    /// Pause the sweep after this many runs; continue with --resume.
+    #[arg(long)]
+    stop_after_runs: Option<usize>,
+    #[command(flatten)]
+    method_args: MethodArgs,
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+}
+
+pub fn run(args: BenchArgs, matches: &ArgMatches) -> Result<()> {
+    match args.command {
+        Some(BenchCommand::Report { dir }) => regenerate(&dir),
+        None => sweep(args.sweep, matches),
+    }
+}
+
+/// `prism bench report DIR`.
+fn regenerate(dir: &Path) -> Result<()> {
+    anyhow::ensure!(
+        dir.join(RESULTS).is_file(),
+        "{}: no {RESULTS} here; is it a bench directory?",
+        dir.display()
+    );
+    let bench = RunDir::create(dir)?;
+    let rows: Vec<Row> = bench.read_jsonl(RESULTS)?;
+    write_reports(&bench, &rows)?;
+    print!("{}", report::markdown(&rows));
+    Ok(())
+}
+
+/// The settings a prism method's bench name fixes: the paper's ablations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PrismVariant {
+    memory: MemoryArg,
+    updates: bool,
+    constrained: bool,
+}
+
+/// A method as `--methods` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct BenchMethod {
+    name: String,
+    method: MethodName,
+    /// Set for prism, whose variants are told apart by name.
+    prism: Option<PrismVariant>,
+}
+
+impl BenchMethod {
+    /// Parse one `--methods` name; an unknown one is an error listing every valid name.
+    fn parse(name: &str) -> Result<Self, String> {
+        if let Some(prism) = prism_variant(name) {
+            return Ok(BenchMethod {
+                name: name.to_string(),
+                method: MethodName::Prism,
+                prism: Some(prism),
+            });
+        }
+        match MethodName::from_str(name, true) {
+            Ok(method) if method != MethodName::Prism => Ok(BenchMethod {
+                name: name.to_ascii_lowercase(),
+                method,
+                prism: None,
+            }),
+            _ => Err(format!(
+                "unknown method `{name}`; valid names: {}",
+                valid_names().join(", ")
+            )),
+        }
+    }
+
+    /// `base` with the settings this name fixes.
+    fn args(&self, base: &MethodArgs) -> MethodArgs {
+        let mut args = base.clone();
+        if let Some(prism) = self.prism {
+            args.memory = prism.memory;
+            args.no_updates = !prism.updates;
+            args.constrained = if prism.constrained {
+                OnOff::On
+            } else {
+                OnOff::Off
+            };
+        }
+        args
+    }
+}
+
+/// `prism-{amendments,in-place}[-no-updates][-unconstrained]`, the names
+/// `stats.json` labels prism's runs with.
+fn prism_variant(name: &str) -> Option<PrismVariant> {
+    let rest = name.strip_prefix("prism-")?;
+    let (memory, rest) = if let Some(rest) = rest.strip_prefix("amendments") {
+        (MemoryArg::Amendments, rest)
+    } else {
+        (MemoryArg::InPlace, rest.strip_prefix("in-place")?)
+    };
+    let (updates, rest) = match rest.strip_prefix("-no-updates") {
+        Some(rest) => (false, rest),
+        None => (true, rest),
+    };
+    let constrained = match rest {
+        "" => true,
+        "-unconstrained" => false,
+        _ => return None,
+    };
+    Some(PrismVariant {
+        memory,
+        updates,
+        constrained,
+    })
+}
+
+/// Every name `--methods` accepts.
+fn valid_names() -> Vec<String> {
+    let mut names = Vec::new();
+    for memory in ["amendments", "in-place"] {
+        for ablation in [
+            "",
+            "-no-updates",
+            "-unconstrained",
+            "-no-updates-unconstrained",
+        ] {
+            names.push(format!("prism-{memory}{ablation}"));
+        }
+    }
+    names.extend(
+        MethodName::value_variants()
+            .iter()
+            .filter(|method| **method != MethodName::Prism)
+            .filter_map(|method| Some(method.to_possible_value()?.get_name().to_string())),
+    );
+    names
+}
+
+/// The flags a prism name decides; giving them too would be silently overridden.
+const SET_BY_PRISM_NAMES: [(&str, &str); 3] = [
+    ("memory", "--memory"),
+    ("no_updates", "--no-updates"),
+    ("constrained", "--constrained"),
+];
+
+/// One run of the sweep.
+struct Planned {
+    method: BenchMethod,
+    spec: MethodSpec,
+    /// Index into the split documents (one per chunk size in use).
+    document: usize,
+    /// `runs/<method>-<chunk tokens>`, relative to the bench directory.
+    run_dir: String,
+    /// The same under --out.
+    path: PathBuf,
+}
+
+impl Planned {
+    fn job<'a>(
+        &'a self,
+        documents: &'a [Document],
+        sampling: &'a SamplingConfig,
+        resume: bool,
+    ) -> Job<'a> {
+        Job {
+            spec: &self.spec,
+            document: &documents[self.document],
+            sampling,
+            out: &self.path,
+            resume,
+            stop_after: None,
+        }
+    }
+}
+
+fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
+    let document_path = args
+        .document
+        .as_deref()
+        .expect("clap requires DOCUMENT without a subcommand");
+    let out = args
+        .out
+        .as_deref()
+        .expect("clap requires --out without a subcommand");
+    let methods = parse_methods(&args.methods)?;
+    if methods.iter().any(|method| method.prism.is_some()) {
+        for (id, flag) in SET_BY_PRISM_NAMES {
+            anyhow::ensure!(
+                matches.value_source(id) != Some(ValueSource::CommandLine),
+                "{flag} is set by each prism method's name in bench (e.g. prism-in-place-no-updates-unconstrained); leave it out"
+            );
+        }
+    }
+    let chunk_sizes = distinct(&args.chunk_tokens, "--chunk-tokens")?;
+    let specs = methods
+        .iter()
+        .map(|method| method.args(&args.method_args).spec(method.method))
+        .collect::<Result<Vec<_>>>()?;
+    let sampling = args.sampling.config()?;
+
+    let is_nonempty_dir = std::fs::read_dir(out).is_ok_and(|mut entries| entries.next().is_some());
+    anyhow::ensure!(
+        args.resume || !is_nonempty_dir,
+        "{} is not empty; pass --resume to continue the sweep in it, or choose another --out",
+        out.display()
+    );
+    let text = prism::document::read_document(document_path)?;
+    let mut engine = args.engine.load()?;
+    let document_tokens = Document::count(&engine, document_path, &text)?;
+    // One split per chunk size actually used: `detail` picks its own from --detail.
+    let mut documents: Vec<Document> = Vec::new();
+    let bench = RunDir::create(out)?;
+    let mut rows: Vec<Row> = bench.read_jsonl(RESULTS)?;
+
+    // Chunk size by chunk size, so a paused sweep has whole tables.
+    let mut plan = Vec::new();
+    for &chunk_tokens in &chunk_sizes {
+        for (method, spec) in methods.iter().zip(&specs) {
+            let size = spec.chunk_tokens(chunk_tokens, document_tokens)?;
+            let document = match documents.iter().position(|d| d.chunk_tokens == size) {
+                Some(index) => index,
+                None => {
+                    documents.push(Document::split(
+                        &engine,
+                        &text,
+                        document_tokens,
+                        size,
+                        args.first_tokens,
+                    )?);
+                    documents.len() - 1
+                }
+            };
+            let name = format!("{}-{chunk_tokens}", method.name);
+            plan.push(Planned {
+                method: method.clone(),
+                spec: spec.clone(),
+                document,
+                run_dir: format!("{RUNS}/{name}"),
+                path: out.join(RUNS).join(name),
+            });
+        }
+    }
+    let context = SweepContext::new(&args, document_path, &engine);
+    let job = |planned| Planned::job(planned, &documents, &sampling, args.resume);
+    let mut pending = Vec::new();
+    for planned in &plan {
+        let fingerprint = job(planned).fingerprint(engine.name());
+        if let Some(row) = finished(&rows, planned, out) {
+            anyhow::ensure!(
+                row.fingerprint == fingerprint,
+                "{}: finished with other settings than this sweep's; choose another --out",
+                out.join(&row.run_dir).display()
+            );
+        } else {
+            pending.push(planned);
+        }
+    }
+    eprintln!(
+        "{}: {} tokens; {} run{} to do ({} already finished){}",
+        document_path.display(),
+        documents[0].tokens,
+        pending.len(),
+        if pending.len() == 1 { "" } else { "s" },
+        plan.len() - pending.len(),
+        estimate_note(&rows, &pending, &documents),
+    );
+
+    let mut bar = Bar::new(String::new());
+    let mut ran = 0;
+    for (index, planned) in pending.iter().enumerate() {
+        if args.stop_after_runs.is_some_and(|limit| ran >= limit) {
+            bar.bar.finish_and_clear();
+            eprintln!(
+                "{}: paused after {ran} runs; continue with --resume",
+                out.display()
+            );
+            print!("{}", report::markdown(&rows));
+            return Ok(());
+        }
+        let chunk_tokens = chunk_sizes[planned.document];
+        let position = plan.len() - pending.len() + index + 1;
+        bar.set_prefix(format!(
+            "{} @{chunk_tokens} [run {position}/{}] ",
+            planned.method.name,
+            plan.len()
+        ));
+        // Each run starts cold, as it would on a freshly loaded engine.
+        engine.clear_cache();
+        let job = job(planned);
+        let outcome = job.run(&mut engine, &mut bar)?;
+        let Outcome::Finished { stats, .. } = outcome else {
+            anyhow::bail!("{}: stopped before finishing", job.out.display());
+        };
+        let stats = serde_json::to_value(&stats)?
+            .as_object()
+            .cloned()
+            .expect("stats serialize to a JSON object");
+        let row = context.row(
+            planned,
+            &documents[planned.document],
+            job.fingerprint(engine.name()),
+            Row::stats_from_json(stats),
+        );
+        bench.append_jsonl(RESULTS, &row)?;
+        rows.push(row);
+        ran += 1;
+        write_reports(&bench, &rows)?;
+        let last = rows.last().expect("a row was just added");
+        bar.bar.suspend(|| {
+            eprintln!(
+                "{}: cache hit {:.1}%, net {} tokens, output {}, cost index {:.4}, {:.0}s{}",
+                job.out.display(),
+                last.metric(Metric::CacheHit).unwrap_or(0.0),
+                last.number("net_tokens").unwrap_or(0.0),
+                last.number("output_tokens").unwrap_or(0.0),
+                last.metric(Metric::CostIndex).unwrap_or(0.0),
+                last.number("wall_seconds").unwrap_or(0.0),
+                estimate_note(&rows, &pending[index + 1..], &documents),
+            )
+        });
+    }
+    bar.bar.finish_and_clear();
+    write_reports(&bench, &rows)?;
+    eprintln!("{}: sweep finished; report in {REPORT}", out.display());
+    print!("{}", report::markdown(&rows));
+    Ok(())
+}
+
+fn parse_methods(names: &[String]) -> Result<Vec<BenchMethod>> {
+    let methods = names
+        .iter()
+        .map(|name| BenchMethod::parse(name.trim()))
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(anyhow::Error::msg)?;
+    distinct(
+        &methods.iter().map(|m| m.name.clone()).collect::<Vec<_>>(),
+        "--methods",
+    )?;
+    Ok(methods)
+}
+
+/// `values`, refusing an empty list or one with repeats.
+fn distinct<T: PartialEq + Clone + std::fmt::Display>(values: &[T], flag: &str) -> Result<Vec<T>> {
+    anyhow::ensure!(!values.is_empty(), "{flag} lists nothing");
+    for (index, value) in values.iter().enumerate() {
+        anyhow::ensure!(
+            !values[..index].contains(value),
+            "{flag} lists {value} twice"
+        );
+    }
+    Ok(values.to_vec())
+}
+
+/// The row of `planned` if it has one and its run directory its stats.json.
+fn finished<'a>(rows: &'a [Row], planned: &Planned, out: &Path) -> Option<&'a Row> {
+    let row = rows
+        .iter()
+        .rev()
+        .find(|row| row.run_dir == planned.run_dir)?;
+    out.join(&row.run_dir)
+        .join(RunDir::STATS)
+        .is_file()
+        .then_some(row)
+}
+
+/// A rough estimate of the `pending` runs' time, as a suffix for a progress line.
+fn estimate_note(rows: &[Row], pending: &[&Planned], documents: &[Document]) -> String {
+    if pending.is_empty() {
+        return String::new();
+    }
+    let pending: Vec<Pending> = pending
+        .iter()
+        .map(|planned| Pending {
+            method: planned.method.name.clone(),
+            read_tokens: documents[planned.document]
+                .chunks
+                .iter()
+                .map(|chunk| chunk.tokens)
+                .sum(),
+        })
+        .collect();
+    match estimate_seconds(rows, &pending) {
+        Some(seconds) => format!(
+            "; the rest may take roughly {} (a rough estimate from the finished runs' time per token)",
+            duration(seconds)
+        ),
+        None => "; a rough time estimate follows the first finished run".to_string(),
+    }
+}
+
+fn duration(seconds: f64) -> String {
+    let minutes = (seconds / 60.0).round() as u64;
+    match minutes {
+        0 => format!("{seconds:.0}s"),
+        1..=119 => format!("{minutes} min"),
+        _ => format!("{:.1} h", seconds / 3600.0),
+    }
+}
+
+/// What every row of this session shares.
+struct SweepContext {
+    model: String,
+    document: String,
+    device: String,
+    machine: Machine,
+    git_revision: String,
+    git_dirty: Option<bool>,
+    command: String,
+}
+
+impl SweepContext {
+    fn new(args: &SweepArgs, document: &Path, engine: &prism::engine::Engine) -> Self {
+        let (git_revision, git_dirty) = git_state();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        SweepContext {
+            model: engine.name().to_string(),
+            document: document.file_name().map_or_else(
+                || document.display().to_string(),
+                |name| name.to_string_lossy().into_owned(),
+            ),
+            device: serde_json::to_value(args.engine.device)
+                .ok()
+                .and_then(|value| value.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            machine: Machine::from_proc(
+                std::fs::read_to_string("/proc/cpuinfo").ok().as_deref(),
+                std::fs::read_to_string("/proc/meminfo").ok().as_deref(),
+                threads,
+                prism::engine::device::default_threads(),
+            ),
+            git_revision,
+            git_dirty,
+            command: command_line(),
+        }
+    }
+
+    fn row(
+        &self,
+        planned: &Planned,
+        document: &Document,
+        fingerprint: String,
+        stats: serde_json::Map<String, serde_json::Value>,
+    ) -> Row {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_secs());
+        Row {
+            method: planned.method.name.clone(),
+            chunk_tokens: document.chunk_tokens,
+            model: self.model.clone(),
+            document: self.document.clone(),
+            document_sha256: document.sha256.clone(),
+            document_tokens: document.tokens,
+            read_tokens: document.chunks.iter().map(|chunk| chunk.tokens).sum(),
+            device: self.device.clone(),
+            machine: self.machine.clone(),
+            git_revision: self.git_revision.clone(),
+            git_dirty: self.git_dirty,
+            date: sweep::utc_timestamp(now),
+            command: self.command.clone(),
+            run_dir: planned.run_dir.clone(),
+            fingerprint,
+            stats,
+        }
+    }
+}
+
+/// The short revision of prism's source tree and whether it has uncommitted
+/// changes: ("unknown", None) when git or the tree is not there.
+fn git_state() -> (String, Option<bool>) {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(env!("CARGO_MANIFEST_DIR"))
+            .args(args)
+            .output()
+            .ok()
+            .filter(|output| output.status.success())
+            .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "--short", "HEAD"]) {
+        Some(revision) if !revision.is_empty() => {
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
+                .map(|status| !status.is_empty());
+            (revision, dirty)
+        }
+        _ => ("unknown".to_string(), None),
+    }
+}
+
+/// This process's command line as a shell would take it back.
+fn command_line() -> String {
+    let quote = |arg: String| {
+        let plain = !arg.is_empty()
+            && arg
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./,=:@+%".contains(c));
+        if plain {
+            arg
+        } else {
+            format!("'{}'", arg.replace('\'', r"'\''"))
+        }
+    };
+    std::iter::once("prism".to_string())
+        .chain(std::env::args().skip(1).map(quote))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Rebuild results.csv, report.md and the charts from `rows`.
+fn write_reports(bench: &RunDir, rows: &[Row]) -> Result<()> {
+    bench.write_text(RESULTS_CSV, &sweep::csv(rows))?;
+    bench.write_text(REPORT, &report::markdown(rows))?;
+    for metric in Metric::ALL {
+        let chart = charts::svg(metric, &sweep::series(rows, metric))?;
+        bench
+            .write_text(metric.chart_file(), &chart)
+            .with_context(|| format!("writing {}", metric.chart_file()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prism_names_fix_memory_updates_and_constraint() {
+        let method = BenchMethod::parse("prism-in-place-no-updates-unconstrained").unwrap();
+        assert_eq!(method.method, MethodName::Prism);
+        assert_eq!(
+            method.prism,
+            Some(PrismVariant {
+                memory: MemoryArg::InPlace,
+                updates: false,
+                constrained: false
+            })
+        );
+        let amendments = BenchMethod::parse("prism-amendments")
+            .unwrap()
+            .prism
+            .unwrap();
+        assert_eq!(amendments.memory, MemoryArg::Amendments);
+        assert!(amendments.updates && amendments.constrained);
+        let unconstrained = BenchMethod::parse("prism-amendments-unconstrained")
+            .unwrap()
+            .prism
+            .unwrap();
+        assert!(unconstrained.updates && !unconstrained.constrained);
+    }
+
+    #[test]
+    fn every_valid_name_parses_to_itself() {
+        for name in valid_names() {
+            let method = BenchMethod::parse(&name).unwrap();
+            assert_eq!(method.name, name);
+        }
+    }
+
+    #[test]
+    fn other_methods_parse_through_their_value_enum() {
+        for method in MethodName::value_variants() {
+            if *method == MethodName::Prism {
+                continue;
+            }
+            let name = method.to_possible_value().unwrap().get_name().to_string();
+            let parsed = BenchMethod::parse(&name.to_uppercase()).unwrap();
+            assert_eq!(
+                (parsed.method, parsed.name, parsed.prism),
+                (*method, name, None)
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_names_list_the_valid_ones() {
+        for bad in [
+            "prism",
+            "prism-amendments-unconstrained-no-updates",
+            "prism-inplace",
+            "prism-amendments-",
+            "nonsense",
+        ] {
+            let err = BenchMethod::parse(bad).unwrap_err();
+            assert!(err.starts_with(&format!("unknown method `{bad}`; valid names: ")));
+            assert!(err.contains("prism-amendments, prism-amendments-no-updates"));
+            assert!(err.contains("prism-in-place-no-updates-unconstrained"));
+        }
+    }
+
+    #[test]
+    fn names_override_the_shared_prism_flags() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Flags {
+            #[command(flatten)]
+            method_args: MethodArgs,
+        }
+        let base = Flags::parse_from(["x"]).method_args;
+        let args = BenchMethod::parse("prism-in-place-no-updates-unconstrained")
+            .unwrap()
+            .args(&base);
+        assert_eq!(args.memory, MemoryArg::InPlace);
+        assert!(args.no_updates);
+        assert_eq!(args.constrained, OnOff::Off);
+        assert_eq!(args.query, base.query);
+    }
+
+    #[test]
+    fn repeated_values_are_refused() {
+        assert!(distinct(&[500, 1000], "--chunk-tokens").is_ok());
+        let err = distinct(&[500, 500], "--chunk-tokens").unwrap_err();
+        assert_eq!(err.to_string(), "--chunk-tokens lists 500 twice");
+        assert!(distinct::<usize>(&[], "--chunk-tokens").is_err());
+    }
+
+    #[test]
+    fn durations_read_naturally() {
+        assert_eq!(duration(20.0), "20s");
+        assert_eq!(duration(600.0), "10 min");
+        assert_eq!(duration(3.0 * 3600.0), "3.0 h");
+    }
+}

@@ -1,0 +1,254 @@
+//! `prism bench` end to end on a tiny random model: the sweep's rows, CSV,
+//! report and charts, pausing and resuming, and refusing bad input with one
+//! error line.
+
+use crate::common::{assert_one_error_line, run_prism, write_tiny_model, TinyArch};
+use std::path::Path;
+
+/// A tiny model that can chat: a chat template, and a context long enough
+/// for PRISM's prompts, which hold its schema and instructions.
+fn tiny_chat_model(dir: &Path) {
+    write_tiny_model(dir, TinyArch::Llama, 5);
+    let config_path = dir.join("config.json");
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    let config = config.replace(
+        "\"max_position_embeddings\":256",
+        "\"max_position_embeddings\":8192",
+    );
+    std::fs::write(&config_path, config).unwrap();
+    let template = "{% for message in messages %}{{ message.content }} {% endfor %}";
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        serde_json::json!({ "chat_template": template }).to_string(),
+    )
+    .unwrap();
+}
+
+fn document(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("doc.txt");
+    let paragraphs: Vec<String> = (0..8)
+        .map(|p| {
+            (0..6)
+                .map(|w| format!("w{}", 2 + (p * 7 + w) % 60))
+                .collect::<Vec<_>>()
+                .join(" ")
+                + "."
+        })
+        .collect();
+    std::fs::write(&path, paragraphs.join("\n\n")).unwrap();
+    path
+}
+
+const METHODS: &str = "prism-amendments-unconstrained,prism-in-place-no-updates-unconstrained";
+
+fn bench(model: &Path, doc: &Path, out: &Path, extra: &[&str]) -> (bool, String, String) {
+    let mut args = vec![
+        "bench",
+        doc.to_str().unwrap(),
+        "--methods",
+        METHODS,
+        "--chunk-tokens",
+        "20,40",
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--revision-tokens",
+        "6",
+        "--answer-tokens",
+        "6",
+        "--schema",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/book.json"),
+    ];
+    args.extend_from_slice(extra);
+    run_prism(&args)
+}
+
+fn rows(out: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("results.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_sweep_pauses_resumes_and_reports_every_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    tiny_chat_model(&model);
+    let doc = document(dir.path());
+    let out = dir.path().join("bench");
+
+    let (success, _, stderr) = bench(&model, &doc, &out, &["--stop-after-runs", "1"]);
+    assert!(success, "{stderr}");
+    assert!(stderr.contains("paused after 1 runs"), "{stderr}");
+    assert_eq!(rows(&out).len(), 1);
+    assert!(
+        out.join("report.md").is_file(),
+        "a paused sweep has a report"
+    );
+    let first_stats = out.join("runs/prism-amendments-unconstrained-20/stats.json");
+    let first_written = std::fs::metadata(&first_stats).unwrap().modified().unwrap();
+
+    assert_one_error_line(&bench(&model, &doc, &out, &[]), "pass --resume");
+
+    let (success, stdout, stderr) = bench(&model, &doc, &out, &["--resume"]);
+    assert!(success, "{stderr}");
+    assert!(
+        stderr.contains("3 runs to do (1 already finished)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("rough"),
+        "an estimate follows the first run: {stderr}"
+    );
+    assert_eq!(
+        std::fs::metadata(&first_stats).unwrap().modified().unwrap(),
+        first_written,
+        "the finished run is not run again"
+    );
+    let rows = rows(&out);
+    let runs: Vec<(String, u64)> = rows
+        .iter()
+        .map(|row| {
+            (
+                row["method"].as_str().unwrap().to_string(),
+                row["chunk_tokens"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            ("prism-amendments-unconstrained".to_string(), 20),
+            ("prism-in-place-no-updates-unconstrained".to_string(), 20),
+            ("prism-amendments-unconstrained".to_string(), 40),
+            ("prism-in-place-no-updates-unconstrained".to_string(), 40),
+        ]
+    );
+    for row in &rows {
+        assert_eq!(row["document"], "doc.txt");
+        assert_eq!(row["model"], "model");
+        assert_eq!(
+            row["label"], row["method"],
+            "the prism label matches the name"
+        );
+        assert!(row["machine"]["threads"].as_u64().unwrap() > 0);
+        assert!(!row["git_revision"].as_str().unwrap().is_empty());
+        assert!(row["date"].as_str().unwrap().ends_with('Z'));
+        assert!(row["command"].as_str().unwrap().starts_with("prism bench "));
+        for key in [
+            "cache_hit_rate",
+            "net_tokens",
+            "cost_index",
+            "calls",
+            "wall_seconds",
+        ] {
+            assert!(row.get(key).is_some(), "row lacks {key}: {row}");
+        }
+        assert!(row["document_tokens"].as_u64().unwrap() >= row["read_tokens"].as_u64().unwrap());
+        let run_dir = out.join(row["run_dir"].as_str().unwrap());
+        assert!(run_dir.join("stats.json").is_file() && run_dir.join("summary.txt").is_file());
+    }
+    // Each run starts with a cold cache: its first call reuses nothing, so
+    // the runs' figures do not depend on which ran before.
+    for row in &rows {
+        let steps = out
+            .join(row["run_dir"].as_str().unwrap())
+            .join("steps.jsonl");
+        let first: serde_json::Value = serde_json::from_str(
+            std::fs::read_to_string(steps)
+                .unwrap()
+                .lines()
+                .next()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(first["reused_tokens"], 0, "{first}");
+    }
+
+    let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 5);
+    assert!(csv.starts_with("method,chunk_tokens,model,"));
+    assert!(csv.lines().next().unwrap().contains("machine.cpu"));
+
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert_eq!(stdout, report, "stdout carries the report");
+    for needle in [
+        "- Model: model",
+        "## Chunks of 20 tokens",
+        "## Chunks of 40 tokens",
+        "| prism-in-place-no-updates-unconstrained |",
+        "### Cache hit (%)\n\n| Method | 20 | 40 |",
+    ] {
+        assert!(
+            report.contains(needle),
+            "`{needle}` not in report:\n{report}"
+        );
+    }
+    for chart in [
+        "cache_hit.svg",
+        "net_tokens.svg",
+        "cost_index.svg",
+        "output_tokens.svg",
+    ] {
+        let svg = std::fs::read_to_string(out.join(chart)).unwrap();
+        assert!(svg.starts_with("<svg"), "{chart}");
+        assert!(svg.contains("prism-amendments-unconstrained"), "{chart}");
+    }
+
+    // Everything finished: resuming again runs nothing.
+    let (success, _, stderr) = bench(&model, &doc, &out, &["--resume"]);
+    assert!(success, "{stderr}");
+    assert!(
+        stderr.contains("0 runs to do (4 already finished)"),
+        "{stderr}"
+    );
+    assert_eq!(self::rows(&out).len(), 4);
+
+    // The report rebuilds from results.jsonl alone.
+    std::fs::remove_file(out.join("report.md")).unwrap();
+    std::fs::remove_file(out.join("cache_hit.svg")).unwrap();
+    let (success, stdout, stderr) = run_prism(&["bench", "report", out.to_str().unwrap()]);
+    assert!(success, "{stderr}");
+    assert_eq!(stdout, report);
+    assert!(out.join("cache_hit.svg").is_file());
+}
+
+#[test]
+fn an_unknown_method_is_one_error_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let result = run_prism(&[
+        "bench",
+        "doc.txt",
+        "--methods",
+        "prism-amendments,summarise-everything",
+        "--chunk-tokens",
+        "500",
+        "--out",
+        dir.path().join("out").to_str().unwrap(),
+    ]);
+    assert_one_error_line(
+        &result,
+        "unknown method `summarise-everything`; valid names: prism-amendments,",
+    );
+}
+
+#[test]
+fn prism_flags_that_names_set_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let result = run_prism(&[
+        "bench",
+        "doc.txt",
+        "--methods",
+        "prism-amendments",
+        "--chunk-tokens",
+        "500",
+        "--no-updates",
+        "--out",
+        dir.path().join("out").to_str().unwrap(),
+    ]);
+    assert_one_error_line(&result, "--no-updates is set by each prism method's name");
+}
