@@ -10,6 +10,18 @@ use std::ops::Range;
 
 const SIZE: (u32, u32) = (800, 500);
 
+/// Line colours that stay distinct on white and for most colour-blind
+/// readers (Okabe and Ito's palette, yellow left out); repeated past seven methods.
+const COLORS: [RGBColor; 7] = [
+    RGBColor(0, 114, 178),
+    RGBColor(213, 94, 0),
+    RGBColor(0, 158, 115),
+    RGBColor(204, 121, 167),
+    RGBColor(86, 180, 233),
+    RGBColor(230, 159, 0),
+    RGBColor(0, 0, 0),
+];
+
 /// The chart of `metric` over `series`, as an SVG document. The x axis is
 /// logarithmic in chunk size, with a tick at every size measured; a single
 /// chunk size still gives one point per method.
@@ -76,7 +88,7 @@ fn draw(
         .filter(|line| !line.points.is_empty())
         .enumerate()
     {
-        let color = Palette99::pick(index).to_rgba();
+        let color = COLORS[index % COLORS.len()];
         let points: Vec<(f64, f64)> = line
             .points
             .iter()

@@ -27,18 +27,6 @@ pub struct EngineFigures {
     pub cold_seconds: f64,
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn random_prompts_are_reproducible_and_in_range() {
-        let prompt = super::random_prompt(42, 1000, 49_152);
-        assert_eq!(prompt, super::random_prompt(42, 1000, 49_152));
-        assert!(prompt.iter().all(|&id| (1000..30_000).contains(&id)));
-        // The first ids, as scripts/compare-llama-cpp computes them too.
-        assert_eq!(&prompt[..3], &[4_334, 25_026, 5_538]);
-    }
-}
-
 /// `count` pseudo-random ordinary token ids from `seed`. A plain 64-bit LCG
 /// (Knuth's MMIX constants), so that `scripts/compare-llama-cpp` draws the very
 /// same ids in Python.
@@ -102,4 +90,16 @@ pub fn measure(
         warm_90_seconds: warm,
         cold_seconds: cold,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn random_prompts_are_reproducible_and_in_range() {
+        let prompt = super::random_prompt(42, 1000, 49_152);
+        assert_eq!(prompt, super::random_prompt(42, 1000, 49_152));
+        assert!(prompt.iter().all(|&id| (1000..30_000).contains(&id)));
+        // The first ids, as scripts/compare-llama-cpp computes them too.
+        assert_eq!(&prompt[..3], &[4_334, 25_026, 5_538]);
+    }
 }

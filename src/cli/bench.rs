@@ -274,6 +274,7 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
     let mut documents: Vec<Document> = Vec::new();
     let bench = RunDir::create(out)?;
     let mut rows: Vec<Row> = bench.read_jsonl(RESULTS)?;
+    write_reports(&bench, &rows)?;
 
     // Chunk size by chunk size, so a paused sweep has whole tables.
     let mut plan = Vec::new();
@@ -329,12 +330,11 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
     );
 
     let mut bar = Bar::new(String::new());
-    let mut ran = 0;
     for (index, planned) in pending.iter().enumerate() {
-        if args.stop_after_runs.is_some_and(|limit| ran >= limit) {
+        if args.stop_after_runs.is_some_and(|limit| index >= limit) {
             bar.bar.finish_and_clear();
             eprintln!(
-                "{}: paused after {ran} runs; continue with --resume",
+                "{}: paused after {index} runs; continue with --resume",
                 out.display()
             );
             print!("{}", report::markdown(&rows));
@@ -354,10 +354,7 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
         let Outcome::Finished { stats, .. } = outcome else {
             anyhow::bail!("{}: stopped before finishing", job.out.display());
         };
-        let stats = serde_json::to_value(&stats)?
-            .as_object()
-            .cloned()
-            .expect("stats serialize to a JSON object");
+        let stats = serde_json::from_value(serde_json::to_value(&stats)?)?;
         let row = context.row(
             planned,
             &documents[planned.document],
@@ -366,7 +363,6 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
         );
         bench.append_jsonl(RESULTS, &row)?;
         rows.push(row);
-        ran += 1;
         write_reports(&bench, &rows)?;
         let last = rows.last().expect("a row was just added");
         bar.bar.suspend(|| {
@@ -383,7 +379,6 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
         });
     }
     bar.bar.finish_and_clear();
-    write_reports(&bench, &rows)?;
     eprintln!("{}: sweep finished; report in {REPORT}", out.display());
     print!("{}", report::markdown(&rows));
     Ok(())
