@@ -3,6 +3,7 @@
 mod cli;
 mod common;
 mod constrained;
+mod cos;
 mod engine;
 mod prism_loop;
 mod smollm2;

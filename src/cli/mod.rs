@@ -3,6 +3,7 @@
 mod bench_engine;
 mod generate;
 mod models;
+mod qa;
 mod summarize;
 
 use anyhow::{Context, Result};
@@ -35,6 +36,10 @@ enum Command {
     Summarize(Box<summarize::SummarizeArgs>),
     /// Measure prefill and decode speed and the gain from a cached prefix.
     BenchEngine(bench_engine::BenchEngineArgs),
+    /// Question-answer pairs about a document.
+    Qa(qa::QaArgs),
+    /// Score a summary by how well it answers questions about the document (Correct-F1).
+    ScoreQa(Box<qa::ScoreQaArgs>),
 }
 
 pub fn run() -> Result<()> {
@@ -51,6 +56,8 @@ pub fn run() -> Result<()> {
         Command::Models(args) => models::run(args),
         Command::Summarize(args) => summarize::run_summarize(*args),
         Command::BenchEngine(args) => bench_engine::run(args),
+        Command::Qa(args) => qa::run(args),
+        Command::ScoreQa(args) => qa::run_score_qa(*args),
     }
 }
 

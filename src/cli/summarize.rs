@@ -14,6 +14,7 @@ use prism::chunk::Chunk;
 use prism::engine::sampling::SamplingConfig;
 use prism::engine::{Engine, GenerateOptions};
 use prism::memory::Schema;
+use prism::methods::cos::CosConfig;
 use prism::methods::llm::EngineLlm;
 use prism::methods::prism::{MemoryMode, PrismConfig};
 use prism::methods::run::{Outcome, Position, Progress, RunFiles};
@@ -28,6 +29,8 @@ use std::path::{Path, PathBuf};
 pub enum MethodName {
     /// Structured memory with revisions (PRISM).
     Prism,
+    /// Chain of Summaries: refine a summary against questions it fails, keep the best on held-out questions.
+    Cos,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -45,13 +48,13 @@ pub enum MemoryArg {
 /// The settings of every method; each method reads the ones it has.
 #[derive(Debug, Clone, Args)]
 pub struct MethodArgs {
-    /// What the final answer should be.
+    /// What the final answer should be (cos: what the first summary should cover).
     #[arg(
         long,
         default_value = "Summarize the document: the main events in order, the people involved and what drives them, the setting and the central themes."
     )]
     pub query: String,
-    /// The most tokens of the final answer.
+    /// The most tokens of the final answer (cos: of every summary).
     #[arg(long, default_value_t = 900)]
     pub answer_tokens: usize,
     /// prism: how the memory is shown to the model.
@@ -66,9 +69,25 @@ pub struct MethodArgs {
     /// prism: the most tokens one revision step may write.
     #[arg(long, default_value_t = 512)]
     pub revision_tokens: usize,
-    /// prism: decode revisions under a grammar derived from the schema (every line parses and type-checks).
+    /// prism: decode revisions under a grammar derived from the schema (every line parses and type-checks);
+    /// cos: write question-answer pairs under a JSON Schema.
     #[arg(long, value_enum, default_value = "on")]
     pub constrained: OnOff,
+    /// cos: question-answer pairs to generate over the whole document, spread over its chunks.
+    #[arg(long, default_value_t = 24)]
+    pub qa_pairs: usize,
+    /// cos: refinement rounds.
+    #[arg(long, default_value_t = 3)]
+    pub iterations: usize,
+    /// cos: failed train questions each round refines with.
+    #[arg(long, default_value_t = 3)]
+    pub questions_per_iteration: usize,
+    /// cos: a train question counts as failed when its answer scores below this Correct-F1.
+    #[arg(long, default_value_t = 0.5)]
+    pub fail_f1: f64,
+    /// cos: seed of the train/validation/test split of the questions.
+    #[arg(long, default_value_t = 0)]
+    pub qa_seed: u64,
 }
 
 impl MethodArgs {
@@ -89,6 +108,28 @@ impl MethodArgs {
                 },
                 schema: self.schema_json()?,
             },
+            MethodName::Cos => {
+                anyhow::ensure!(
+                    self.questions_per_iteration > 0,
+                    "--questions-per-iteration must be at least 1"
+                );
+                anyhow::ensure!(
+                    (0.0..=1.0).contains(&self.fail_f1),
+                    "--fail-f1 must be between 0 and 1"
+                );
+                MethodSpec::Cos {
+                    config: CosConfig {
+                        query: self.query.clone(),
+                        qa_pairs: self.qa_pairs,
+                        iterations: self.iterations,
+                        questions_per_iteration: self.questions_per_iteration,
+                        fail_f1: self.fail_f1,
+                        seed: self.qa_seed,
+                        summary_tokens: self.answer_tokens,
+                        constrained: self.constrained == OnOff::On,
+                    },
+                }
+            }
         })
     }
 

@@ -6,6 +6,7 @@
 //! with its settings; it is what `summarize --method` and `bench --methods`
 //! build, and part of a run's identity.
 
+pub mod cos;
 pub mod llm;
 pub mod prism;
 pub mod revision_grammar;
@@ -25,6 +26,9 @@ pub enum MethodSpec {
         config: prism::PrismConfig,
         /// The memory schema, as JSON Schema.
         schema: serde_json::Value,
+    },
+    Cos {
+        config: cos::CosConfig,
     },
 }
 
@@ -47,6 +51,9 @@ impl MethodSpec {
                     files,
                     progress,
                 )
+            }
+            MethodSpec::Cos { config } => {
+                drive(&cos::Cos::new(config), llm, chunks, files, progress)
             }
         }
     }
