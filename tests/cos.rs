@@ -22,7 +22,6 @@ const S2: &str = "A ship sails.";
 
 fn config(iterations: usize, questions_per_iteration: usize) -> CosConfig {
     CosConfig {
-        query: "Summarize the story.".into(),
         qa_pairs: 4,
         iterations,
         questions_per_iteration,

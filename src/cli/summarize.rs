@@ -48,7 +48,7 @@ pub enum MemoryArg {
 /// The settings of every method; each method reads the ones it has.
 #[derive(Debug, Clone, Args)]
 pub struct MethodArgs {
-    /// What the final answer should be (cos: what the first summary should cover).
+    /// What the final answer should be.
     #[arg(
         long,
         default_value = "Summarize the document: the main events in order, the people involved and what drives them, the setting and the central themes."
@@ -119,7 +119,6 @@ impl MethodArgs {
                 );
                 MethodSpec::Cos {
                     config: CosConfig {
-                        query: self.query.clone(),
                         qa_pairs: self.qa_pairs,
                         iterations: self.iterations,
                         questions_per_iteration: self.questions_per_iteration,

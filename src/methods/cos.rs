@@ -69,8 +69,6 @@ use std::time::Instant;
 /// Settings of one CoS run; everything here is part of a run's identity.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CosConfig {
-    /// What the summary should cover; it steers the first summary.
-    pub query: String,
     /// Question–answer pairs to generate over the whole document.
     pub qa_pairs: usize,
     /// Refinement rounds (the paper's i).
@@ -366,23 +364,21 @@ impl<'a> Cos<'a> {
         (self.config.summary_tokens / 2).max(10)
     }
 
-    /// The prompt that extends the first summary with `chunk`.
-    pub fn thesis_prompt(&self, chunk: &Chunk, chunks: usize, draft: &str) -> Prompt {
+    /// The prompt that extends the first summary, `draft` so far, with `chunk`.
+    pub fn thesis_prompt(&self, chunk: &Chunk, draft: &str) -> Prompt {
         let words = self.words();
-        let query = self.config.query.trim();
         let request = if draft.is_empty() {
             vec![format!(
-                "\n{query}\nWrite a summary of this passage in plain prose, in at most {words} words. Write only the summary.\n"
+                "\nSummarize this passage in at most {words} words. Write only the summary.\n"
             )]
         } else {
             vec![
                 format!(
-                    "\nSummary of the document before this passage (passage {} of {chunks}):\n{}\n",
-                    chunk.index + 1,
+                    "\nSummary of the document before this passage:\n{}\n",
                     draft.trim()
                 ),
                 format!(
-                    "\n{query}\nWrite one summary of the document up to the end of this passage: keep what matters from the summary above and add what this passage brings. Plain prose, at most {words} words. Write only the summary.\n"
+                    "\nRewrite the summary above so that it also covers this passage, in at most {words} words. Write only the summary.\n"
                 ),
             ]
         };
@@ -401,7 +397,7 @@ impl<'a> Cos<'a> {
                 format!("\nSummary of the whole document:\n{}\n", summary.trim()),
                 format!("\nQuestions the summary cannot answer yet:\n{listed}"),
                 format!(
-                    "\nRewrite the summary so that it also answers these questions, with facts from the passage. Keep what it already says that matters. Do not copy the questions and add no heading. Plain prose, at most {} words. Write only the new summary.\n",
+                    "\nRewrite the summary so that it also answers these questions, using facts from the passage. Keep the important points it already has. Do not write the questions. At most {} words. Write only the summary.\n",
                     self.words()
                 ),
             ],
@@ -441,7 +437,7 @@ impl<'a> Cos<'a> {
         } else {
             (Vec::new(), String::new())
         };
-        let prompt = self.thesis_prompt(chunk, chunks.len(), &state.draft);
+        let prompt = self.thesis_prompt(chunk, &state.draft);
         let completion = llm.complete(&prompt, self.config.summary_tokens, None)?;
         calls.add(&completion.usage);
         let summary = clean_summary(&completion.text);
@@ -890,7 +886,6 @@ mod tests {
 
     fn config() -> CosConfig {
         CosConfig {
-            query: "Summarize.".into(),
             qa_pairs: 4,
             iterations: 2,
             questions_per_iteration: 1,
@@ -917,7 +912,7 @@ mod tests {
         let chunk = chunk("The ship sails north.\n");
         let prompts = [
             qa::generation_prompt(&chunk.text, 3, true),
-            cos.thesis_prompt(&chunk, 1, ""),
+            cos.thesis_prompt(&chunk, ""),
             cos.refine_prompt(&chunk, "A ship.", &["Where to?"]),
         ];
         for prompt in &prompts {

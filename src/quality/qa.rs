@@ -35,8 +35,9 @@ pub const SYSTEM: &str = "You help turn a document into a short summary that ans
 /// The opening of a prompt about one passage; what is asked comes after the passage.
 const PASSAGE_HEADER: &str = "Passage from a document:\n\n";
 
-/// Answers longer than this are not the short answers asked for.
-const MAX_ANSWER_WORDS: usize = 20;
+/// Answers longer than this are sentences, not the short answers asked for
+/// (and, under the schema's length limit, often cut off mid-word).
+const MAX_ANSWER_WORDS: usize = 12;
 /// Room for one generated pair, in tokens.
 const TOKENS_PER_PAIR: usize = 64;
 /// The most tokens of one answer to a question.
@@ -465,7 +466,7 @@ mod tests {
         assert!(pairs("[[[{{{\"question\": ").is_empty());
         assert!(pairs("Q: <question>\nA: <answer>").is_empty());
         assert!(pairs("Q: ???\nA: ...").is_empty());
-        let long = format!("Q: Why?\nA: {}", "word ".repeat(40));
+        let long = format!("Q: Why?\nA: {}", "word ".repeat(13));
         assert!(pairs(&long).is_empty());
         // Multi-byte text around the markers.
         assert_eq!(
