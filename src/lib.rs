@@ -13,6 +13,8 @@
 //!   the longest common token prefix. Every call returns a [`engine::Usage`].
 //! - [`metrics`] sums usages into a [`metrics::Ledger`] and derives cache hit rate,
 //!   net tokens and cost index from it.
+//! - [`quality`] measures what a summary gives: Correct-F1 over questions
+//!   about the document answered from the summary alone.
 
 pub mod bench;
 pub mod chunk;
@@ -22,6 +24,7 @@ pub mod error;
 pub mod memory;
 pub mod methods;
 pub mod metrics;
+pub mod quality;
 pub mod rundir;
 
 pub use error::{Error, Result};

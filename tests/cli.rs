@@ -197,3 +197,67 @@ fn summarize_refuses_chunks_larger_than_the_context() {
     );
     assert!(!stderr.contains("panicked"));
 }
+
+#[test]
+fn score_qa_refuses_a_missing_or_malformed_question_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let summary = dir.path().join("summary.txt");
+    std::fs::write(&summary, "The ship sails north.\n").unwrap();
+    let summary = summary.to_str().unwrap();
+    let missing = dir.path().join("missing.jsonl");
+    let result = run_prism(&[
+        "score-qa",
+        summary,
+        "--questions",
+        missing.to_str().unwrap(),
+    ]);
+    assert_one_error_line(&result, "missing.jsonl");
+
+    let malformed = dir.path().join("qa.jsonl");
+    std::fs::write(
+        &malformed,
+        "{\"question\": \"Who sails?\", \"answer\": \"Walton\"}\n{\"question\": \"Where?\"}\n",
+    )
+    .unwrap();
+    let result = run_prism(&[
+        "score-qa",
+        summary,
+        "--questions",
+        malformed.to_str().unwrap(),
+    ]);
+    assert_one_error_line(&result, "line 2: not a question-answer pair");
+}
+
+#[test]
+fn qa_generate_writes_a_pairs_file_even_when_the_model_writes_none() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), TinyArch::Llama, 3);
+    // A chat template that just joins the turns.
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        r#"{"eos_token": "</s>", "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}"}"#,
+    )
+    .unwrap();
+    let doc = dir.path().join("doc.txt");
+    std::fs::write(&doc, "w2 w3 w4.\n\nw5 w6.\n").unwrap();
+    let out = dir.path().join("qa.jsonl");
+    let (success, _, stderr) = run_prism(&[
+        "qa",
+        "generate",
+        doc.to_str().unwrap(),
+        "--n",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+        "--chunk-tokens",
+        "20",
+        "--constrained",
+        "off",
+        "--model",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(success, "{stderr}");
+    assert!(stderr.contains("pairs from 1 chunk;"), "{stderr}");
+    // Random weights write no parsable pair; the file is there, empty.
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "");
+}

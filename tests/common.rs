@@ -162,21 +162,33 @@ pub fn assert_one_error_line(result: &(bool, String, String), needle: &str) {
 }
 
 /// A model that answers from a script and counts tokens as characters, with a
-/// prefix cache over the characters of the previous prompt, as the engine has
-/// over token ids.
+/// prefix cache over the characters of earlier prompts, as the engine has over
+/// token ids: one cached sequence by default, or several
+/// ([`ScriptedLlm::with_cache_slots`]) chosen as the engine's cache slots are.
 pub struct ScriptedLlm {
     replies: Vec<String>,
     /// Every prompt it was given, in order.
     pub prompts: Vec<Prompt>,
-    cached: Vec<char>,
+    /// Cached sequences with the call that last used each.
+    slots: Vec<(Vec<char>, usize)>,
+    slot_limit: usize,
 }
 
 impl ScriptedLlm {
     pub fn new(replies: &[&str]) -> Self {
+        Self::with_cache_slots(replies, 1)
+    }
+
+    /// Keep up to `slots` sequences: a prompt continues the one sharing its
+    /// longest prefix (ties to the one used last), and when that would throw
+    /// away most of it, works in another (a new one under the limit, else the
+    /// least recently used), as `engine::cache_slots` does.
+    pub fn with_cache_slots(replies: &[&str], slots: usize) -> Self {
         ScriptedLlm {
             replies: replies.iter().map(|r| r.to_string()).collect(),
             prompts: Vec::new(),
-            cached: Vec::new(),
+            slots: vec![(Vec::new(), 0)],
+            slot_limit: slots.max(1),
         }
     }
 
@@ -188,6 +200,31 @@ impl ScriptedLlm {
             .flat_map(|s| s.chars())
             .collect()
     }
+
+    /// The slot `chars` goes to, and how many of its characters it reuses.
+    fn take_slot(&mut self, chars: &[char]) -> (usize, usize) {
+        let shared = |cached: &[char]| cached.iter().zip(chars).take_while(|(a, b)| a == b).count();
+        let (best, reused) = self
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(index, (cached, last_used))| (index, shared(cached), *last_used))
+            .max_by_key(|&(_, reused, last_used)| (reused, last_used))
+            .map(|(index, reused, _)| (index, reused))
+            .unwrap();
+        if 2 * reused >= self.slots[best].0.len() || self.slot_limit == 1 {
+            return (best, reused);
+        }
+        if self.slots.len() < self.slot_limit {
+            self.slots.push((Vec::new(), 0));
+            return (self.slots.len() - 1, reused);
+        }
+        let spare = (0..self.slots.len())
+            .filter(|&index| index != best)
+            .min_by_key(|&index| self.slots[index].1)
+            .unwrap();
+        (spare, reused)
+    }
 }
 
 impl Llm for ScriptedLlm {
@@ -198,19 +235,14 @@ impl Llm for ScriptedLlm {
         _grammar: Option<&prism::engine::constraint::Grammar>,
     ) -> prism::Result<Completion> {
         let chars = Self::chars(prompt);
-        let reused = self
-            .cached
-            .iter()
-            .zip(&chars)
-            .take_while(|(a, b)| a == b)
-            .count();
+        let (slot, reused) = self.take_slot(&chars);
         let text = self
             .replies
             .get(self.prompts.len())
             .cloned()
             .unwrap_or_default();
         self.prompts.push(prompt.clone());
-        self.cached = chars.clone();
+        self.slots[slot] = (chars.clone(), self.prompts.len());
         Ok(Completion {
             usage: Usage {
                 prompt_tokens: chars.len(),

@@ -6,6 +6,7 @@ mod cli;
 mod cok;
 mod common;
 mod constrained;
+mod cos;
 mod engine;
 mod prism_loop;
 mod smollm2;

@@ -134,7 +134,7 @@ fn print_call(
 }
 
 /// One human-readable line of accounting.
-fn describe(f: &Figures) -> String {
+pub fn describe(f: &Figures) -> String {
     format!(
         "prompt {} tokens, reused {} ({:.1}%), net {}, output {}, cost index {:.6}, prefill {:.1} tok/s, decode {:.1} tok/s",
         f.prompt_tokens,

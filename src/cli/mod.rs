@@ -4,6 +4,7 @@ mod bench;
 mod bench_engine;
 mod generate;
 mod models;
+mod qa;
 mod summarize;
 
 use anyhow::{Context, Result};
@@ -38,6 +39,10 @@ enum Command {
     Bench(Box<bench::BenchArgs>),
     /// Measure prefill and decode speed and the gain from a cached prefix.
     BenchEngine(bench_engine::BenchEngineArgs),
+    /// Question-answer pairs about a document.
+    Qa(qa::QaArgs),
+    /// Score a summary by how well it answers questions about the document (Correct-F1).
+    ScoreQa(Box<qa::ScoreQaArgs>),
 }
 
 pub fn run() -> Result<()> {
@@ -60,6 +65,8 @@ pub fn run() -> Result<()> {
             bench::run(*args, sub)
         }
         Command::BenchEngine(args) => bench_engine::run(args),
+        Command::Qa(args) => qa::run(args),
+        Command::ScoreQa(args) => qa::run_score_qa(*args),
     }
 }
 

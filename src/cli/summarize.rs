@@ -15,6 +15,7 @@ use prism::engine::sampling::SamplingConfig;
 use prism::engine::{Engine, GenerateOptions};
 use prism::memory::Schema;
 use prism::methods::cok::CokConfig;
+use prism::methods::cos::CosConfig;
 use prism::methods::detail::DetailConfig;
 use prism::methods::hierarchical::HierarchicalConfig;
 use prism::methods::incremental::IncrementalConfig;
@@ -46,6 +47,8 @@ pub enum MethodName {
     GmJson,
     /// Chain-of-key: the model lists the memory's keys, then revises the matching ones and adds new ones.
     Cok,
+    /// Chain of Summaries: refine a summary against questions it fails, keep the best on held-out questions.
+    Cos,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -69,7 +72,7 @@ pub struct MethodArgs {
         default_value = "Summarize the document: the main events in order, the people involved and what drives them, the setting and the central themes."
     )]
     pub query: String,
-    /// The most tokens of the final answer.
+    /// The most tokens of the final answer (cos: of every summary).
     #[arg(long, default_value_t = 900)]
     pub answer_tokens: usize,
     /// prism: how the memory is shown to the model.
@@ -84,7 +87,8 @@ pub struct MethodArgs {
     /// prism, cok: the most tokens one revision step may write; gm-json: the most a chunk's own memory may have; gu-text, gu-json, gm-json: how far a rewrite of the memory may outgrow it.
     #[arg(long, default_value_t = 512)]
     pub revision_tokens: usize,
-    /// prism, gu-json, gm-json, cok: decode under a grammar derived from the schema (output parses and type-checks).
+    /// prism, gu-json, gm-json, cok: decode under a grammar derived from the schema (output parses and type-checks);
+    /// cos: write question-answer pairs under a JSON Schema.
     #[arg(long, value_enum, default_value = "on")]
     pub constrained: OnOff,
     /// incremental, hierarchical, detail: the most tokens of a summary (incremental: the running summary; hierarchical: the top one, lower levels get less; detail: each chunk's).
@@ -102,6 +106,21 @@ pub struct MethodArgs {
     /// gu-text, gu-json, gm-json, cok: have the model compress the memory when it grows past this many tokens (0: never).
     #[arg(long, default_value_t = 1000)]
     pub memory_token_limit: usize,
+    /// cos: question-answer pairs to generate over the whole document, spread over its chunks.
+    #[arg(long, default_value_t = 24)]
+    pub qa_pairs: usize,
+    /// cos: refinement rounds.
+    #[arg(long, default_value_t = 3)]
+    pub iterations: usize,
+    /// cos: failed train questions each round refines with.
+    #[arg(long, default_value_t = 3)]
+    pub questions_per_iteration: usize,
+    /// cos: a train question counts as failed when its answer scores below this Correct-F1.
+    #[arg(long, default_value_t = 0.5)]
+    pub fail_f1: f64,
+    /// cos: seed of the train/validation/test split of the questions.
+    #[arg(long, default_value_t = 0)]
+    pub qa_seed: u64,
 }
 
 impl MethodArgs {
@@ -169,6 +188,27 @@ impl MethodArgs {
                 config: self.cok_config(),
                 schema: self.schema_json()?,
             },
+            MethodName::Cos => {
+                anyhow::ensure!(
+                    self.questions_per_iteration > 0,
+                    "--questions-per-iteration must be at least 1"
+                );
+                anyhow::ensure!(
+                    (0.0..=1.0).contains(&self.fail_f1),
+                    "--fail-f1 must be between 0 and 1"
+                );
+                MethodSpec::Cos {
+                    config: CosConfig {
+                        qa_pairs: self.qa_pairs,
+                        iterations: self.iterations,
+                        questions_per_iteration: self.questions_per_iteration,
+                        fail_f1: self.fail_f1,
+                        seed: self.qa_seed,
+                        summary_tokens: self.answer_tokens,
+                        constrained: self.constrained == OnOff::On,
+                    },
+                }
+            }
         })
     }
 

@@ -8,6 +8,7 @@
 
 pub mod baseline;
 pub mod cok;
+pub mod cos;
 pub mod detail;
 pub mod hierarchical;
 pub mod incremental;
@@ -58,6 +59,9 @@ pub enum MethodSpec {
     Cok {
         config: cok::CokConfig,
         schema: serde_json::Value,
+    },
+    Cos {
+        config: cos::CosConfig,
     },
 }
 
@@ -152,6 +156,9 @@ impl MethodSpec {
                 files,
                 progress,
             ),
+            MethodSpec::Cos { config } => {
+                drive(&cos::Cos::new(config), llm, chunks, files, progress)
+            }
         }
     }
 }

@@ -1,0 +1,170 @@
+//! `prism qa generate` writes question–answer pairs about a document, chunk by
+//! chunk, as JSONL; `prism score-qa` answers them from a summary alone and
+//! reports Correct-F1 with what the answering model's calls cost.
+
+use super::generate::describe;
+use super::summarize::{Document, OnOff};
+use super::{EngineArgs, SamplingArgs};
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use prism::engine::GenerateOptions;
+use prism::methods::llm::EngineLlm;
+use prism::metrics::{Figures, Ledger};
+use prism::quality::f1::mean_f1;
+use prism::quality::qa::{self, Answered};
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct QaArgs {
+    #[command(subcommand)]
+    command: QaCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum QaCommand {
+    /// Write question-answer pairs about a document, chunk by chunk, as JSONL.
+    Generate(Box<GenerateQaArgs>),
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateQaArgs {
+    /// The document: a UTF-8 text file.
+    document: PathBuf,
+    /// Pairs to write in all, spread evenly over the chunks.
+    #[arg(long, default_value_t = 10)]
+    n: usize,
+    /// Where to write the pairs: one {"question", "answer", "chunk"} object a line.
+    #[arg(long)]
+    out: PathBuf,
+    /// Tokens per chunk; chunks end on paragraph or sentence boundaries.
+    #[arg(long, default_value_t = 2048)]
+    chunk_tokens: usize,
+    /// Read only the first chunks of the document, up to this many tokens in all.
+    #[arg(long)]
+    first_tokens: Option<usize>,
+    /// Decode pairs under a JSON Schema, so that every pair parses.
+    #[arg(long, value_enum, default_value = "on")]
+    constrained: OnOff,
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+}
+
+pub fn run(args: QaArgs) -> Result<()> {
+    match args.command {
+        QaCommand::Generate(args) => generate(*args),
+    }
+}
+
+fn generate(args: GenerateQaArgs) -> Result<()> {
+    anyhow::ensure!(args.n > 0, "--n must be at least 1");
+    let sampling = args.sampling.config()?;
+    let text = prism::document::read_document(&args.document)?;
+    let mut engine = args.engine.load()?;
+    let tokens = Document::count(&engine, &args.document, &text)?;
+    let document = Document::split(&engine, &text, tokens, args.chunk_tokens, args.first_tokens)?;
+    let options = GenerateOptions {
+        sampling,
+        ..GenerateOptions::default()
+    };
+    let mut llm = EngineLlm::new(&mut engine, options);
+    let chunks = document.chunks.len();
+    let mut ledger = Ledger::default();
+    let mut pairs = Vec::new();
+    for (chunk, count) in document.chunks.iter().zip(qa::spread(args.n, chunks)) {
+        if count == 0 {
+            continue;
+        }
+        let generated = qa::generate_pairs(
+            &mut llm,
+            &chunk.text,
+            Some(chunk.index),
+            count,
+            args.constrained == OnOff::On,
+        )
+        .with_context(|| format!("chunk {}/{chunks}", chunk.index + 1))?;
+        ledger.record(&generated.usage);
+        eprintln!(
+            "chunk {}/{chunks}: {} of {count} pairs",
+            chunk.index + 1,
+            generated.pairs.len()
+        );
+        pairs.extend(generated.pairs);
+    }
+    qa::write_pairs(&args.out, &pairs)?;
+    eprintln!(
+        "{}: {} pairs from {chunks} chunk{}; {} calls, {}",
+        args.out.display(),
+        pairs.len(),
+        if chunks == 1 { "" } else { "s" },
+        ledger.calls,
+        describe(&ledger.figures()),
+    );
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct ScoreQaArgs {
+    /// The summary to score: a UTF-8 text file.
+    summary: PathBuf,
+    /// Questions with reference answers, as `prism qa generate` writes them (JSONL).
+    #[arg(long)]
+    questions: PathBuf,
+    /// Print one JSON object: correct_f1, every question, and the calls' token figures.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// What `score-qa --json` prints.
+#[derive(serde::Serialize)]
+struct QaScore {
+    /// Mean Correct-F1 over the questions.
+    correct_f1: f64,
+    questions: Vec<Answered>,
+    /// Calls of the model answering from the summary, one per question.
+    calls: usize,
+    figures: Figures,
+}
+
+pub fn run_score_qa(args: ScoreQaArgs) -> Result<()> {
+    let summary = prism::document::read_document(&args.summary)?;
+    let pairs = qa::read_pairs(&args.questions)?;
+    let mut engine = args.engine.load()?;
+    let mut llm = EngineLlm::new(&mut engine, GenerateOptions::default());
+    let mut ledger = Ledger::default();
+    let mut questions = Vec::new();
+    for (index, pair) in pairs.iter().enumerate() {
+        let prompt = qa::answer_prompt(&summary, &pair.question);
+        let (answered, usage) = qa::ask(&mut llm, &prompt, pair)
+            .with_context(|| format!("question {}/{}", index + 1, pairs.len()))?;
+        ledger.record(&usage);
+        questions.push(answered);
+    }
+    let f1s: Vec<f64> = questions.iter().map(|answered| answered.f1).collect();
+    let score = QaScore {
+        correct_f1: mean_f1(&f1s).unwrap_or_default(),
+        questions,
+        calls: ledger.calls,
+        figures: ledger.figures(),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&score)?);
+        return Ok(());
+    }
+    for answered in &score.questions {
+        println!(
+            "{:.2}  {}  → {}  (reference: {})",
+            answered.f1, answered.question, answered.answer, answered.reference
+        );
+    }
+    println!(
+        "Correct-F1 {:.3} over {} questions",
+        score.correct_f1,
+        score.questions.len()
+    );
+    eprintln!("{} calls, {}", score.calls, describe(&score.figures));
+    Ok(())
+}
