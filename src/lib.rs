@@ -22,6 +22,7 @@ pub mod error;
 pub mod memory;
 pub mod methods;
 pub mod metrics;
+pub mod quality;
 pub mod rundir;
 
 pub use error::{Error, Result};
