@@ -5,6 +5,8 @@ mod common;
 mod constrained;
 mod engine;
 mod prism_loop;
+mod quality;
+mod schema_gen;
 mod smollm2;
 mod source;
 mod tokens;

@@ -3,6 +3,8 @@
 mod bench_engine;
 mod generate;
 mod models;
+mod schema;
+mod score;
 mod summarize;
 
 use anyhow::{Context, Result};
@@ -35,6 +37,10 @@ enum Command {
     Summarize(Box<summarize::SummarizeArgs>),
     /// Measure prefill and decode speed and the gain from a cached prefix.
     BenchEngine(bench_engine::BenchEngineArgs),
+    /// Score a finished summary (coherence).
+    Score(score::ScoreArgs),
+    /// Write memory schemas for new domains.
+    Schema(schema::SchemaArgs),
 }
 
 pub fn run() -> Result<()> {
@@ -51,6 +57,8 @@ pub fn run() -> Result<()> {
         Command::Models(args) => models::run(args),
         Command::Summarize(args) => summarize::run_summarize(*args),
         Command::BenchEngine(args) => bench_engine::run(args),
+        Command::Score(args) => score::run(args),
+        Command::Schema(args) => schema::run(args),
     }
 }
 
