@@ -182,12 +182,13 @@ fn inline_refs(value: &Value, defs: &Value, depth: usize) -> Value {
     }
 }
 
-/// The order of keys in a schema node that the grammar enforces.
+/// The keywords a generated schema may use, in the order the grammar
+/// enforces within a node. `enum`, which [`Schema`] also accepts, is left
+/// out: small models use it to pin notes to a few made-up words.
 const KEY_ORDER: &[&str] = &[
     "title",
     "description",
     "type",
-    "enum",
     "properties",
     "required",
     "additionalProperties",
@@ -226,9 +227,10 @@ fn in_key_order(schema: &Value) -> Value {
     Value::Object(out)
 }
 
-/// How deep constrained schemas may nest below the root: enough for a map of
-/// objects holding lists of objects.
-const GRAMMAR_DEPTH: usize = 4;
+/// How deep constrained schemas may nest below the root: enough for every
+/// shot (a map of objects holding maps of lists of strings at most) while a
+/// small model cannot nest on and on.
+const GRAMMAR_DEPTH: usize = 3;
 /// The longest constrained `description`.
 const MAX_DESCRIPTION_CHARS: usize = 400;
 
@@ -253,8 +255,7 @@ pub fn schema_grammar() -> Grammar {
         "type": "object",
         "properties": {
             "description": description,
-            "type": {"enum": ["string", "number", "integer", "boolean"]},
-            "enum": {"type": "array", "items": {"type": "string"}, "minItems": 1}
+            "type": {"enum": ["string", "number", "integer", "boolean"]}
         },
         "required": ["type"],
         "additionalProperties": false
