@@ -1,6 +1,6 @@
 //! Coherence scoring (BooookScore) against a scripted judge: one call per
 //! sentence over a shared cached prefix, verdicts of every form counted, and
-//! unreadable ones never counted as clear; then constrained verdicts from a
+//! unreadable ones never counted as clean; then constrained verdicts from a
 //! random model, and the command line on a bad summary file.
 
 use crate::common::{assert_one_error_line, run_prism, ScriptedLlm};
@@ -61,15 +61,15 @@ fn each_sentence_is_judged_once_after_the_same_prefix() {
     assert_eq!(
         kinds,
         [
-            VerdictKind::Clear,
+            VerdictKind::Clean,
             VerdictKind::Confusing,
             VerdictKind::Confusing,
-            VerdictKind::Clear
+            VerdictKind::Clean
         ]
     );
     assert_eq!(report.verdicts[1].types, [ErrorType::CausalOmission]);
     assert_eq!(report.verdicts[1].raw, "Yes: causal omission");
-    assert_eq!((report.clear, report.confusing, report.unparsed), (2, 2, 0));
+    assert_eq!((report.clean, report.confusing, report.unparsed), (2, 2, 0));
     assert!((report.score - 0.5).abs() < 1e-12);
     assert_eq!(report.score_parsed, Some(0.5));
 
@@ -89,7 +89,7 @@ fn each_sentence_is_judged_once_after_the_same_prefix() {
 #[test]
 fn unreadable_verdicts_lower_the_score_and_are_reported() {
     let (report, _) = score(&["No", "Maybe?", "{\"confusing\": tr", ""]);
-    assert_eq!((report.clear, report.confusing, report.unparsed), (1, 0, 3));
+    assert_eq!((report.clean, report.confusing, report.unparsed), (1, 0, 3));
     assert!((report.score - 0.25).abs() < 1e-12);
     assert_eq!(report.score_parsed, Some(1.0));
     let json = serde_json::to_value(&report).unwrap();

@@ -93,7 +93,7 @@ fn run_coherence(args: CoherenceArgs) -> Result<()> {
     } else {
         for verdict in &report.verdicts {
             let label = match verdict.verdict {
-                VerdictKind::Clear => "clear".to_string(),
+                VerdictKind::Clean => "clean".to_string(),
                 VerdictKind::Confusing if verdict.types.is_empty() => "confusing".to_string(),
                 VerdictKind::Confusing => {
                     let types: Vec<&str> = verdict.types.iter().map(|t| t.name()).collect();
@@ -109,10 +109,10 @@ fn run_coherence(args: CoherenceArgs) -> Result<()> {
         .map_or("n/a".to_string(), |score| format!("{score:.3}"));
     let judge = &report.judge;
     eprintln!(
-        "{}: coherence {:.3} ({} of {} sentences clear, {} confusing, {} unparsed; {parsed} over parsed verdicts); judge {judge_model}: {} calls, cache hit {:.1}%, net {} tokens, output {}, {:.0}s",
+        "{}: coherence {:.3} ({} of {} sentences clean, {} confusing, {} unparsed; {parsed} over parsed verdicts); judge {judge_model}: {} calls, cache hit {:.1}%, net {} tokens, output {}, {:.0}s",
         args.summary.display(),
         report.score,
-        report.clear,
+        report.clean,
         report.sentences,
         report.confusing,
         report.unparsed,

@@ -1,14 +1,14 @@
 //! Coherence of a summary as BooookScore measures it: a judge model reads the
 //! whole summary and, one sentence at a time, says whether that sentence would
 //! confuse a reader and through which of eight kinds of error. The score is
-//! the share of sentences judged clear.
+//! the share of sentences judged clean (not confusing).
 //!
 //! Every prompt holds the same system turn, instructions and summary, and ends
 //! with the sentence under judgement, so each call after the first takes all
 //! but the last few lines from the engine's prefix cache.
 //!
-//! A verdict the parser cannot read is never counted as clear: [`score`]
-//! divides the clear sentences by all sentences, so unreadable verdicts lower
+//! A verdict the parser cannot read is never counted as clean: [`score`]
+//! divides the clean sentences by all sentences, so unreadable verdicts lower
 //! it, while [`CoherenceReport::score_parsed`] gives the share over the
 //! verdicts that were read.
 //!
@@ -119,7 +119,7 @@ impl std::fmt::Display for ErrorType {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// The sentence would not confuse a reader.
-    Clear,
+    Clean,
     /// It would, through these errors (possibly none named).
     Confusing(Vec<ErrorType>),
     /// The judge's reply could not be read either way.
@@ -144,7 +144,7 @@ pub struct CoherenceConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SentenceVerdict {
     pub sentence: String,
-    /// `clear`, `confusing` or `unparsed`.
+    /// `clean`, `confusing` or `unparsed`.
     pub verdict: VerdictKind,
     /// The errors named; empty unless confusing.
     pub types: Vec<ErrorType>,
@@ -156,7 +156,7 @@ pub struct SentenceVerdict {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum VerdictKind {
-    Clear,
+    Clean,
     Confusing,
     Unparsed,
 }
@@ -173,12 +173,12 @@ pub struct JudgeStats {
 /// The coherence of one summary.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CoherenceReport {
-    /// clear / sentences: unparsed verdicts count against the summary.
+    /// clean / sentences: unparsed verdicts count against the summary.
     pub score: f64,
-    /// clear / (clear + confusing); `None` when no verdict parsed.
+    /// clean / (clean + confusing); `None` when no verdict parsed.
     pub score_parsed: Option<f64>,
     pub sentences: usize,
-    pub clear: usize,
+    pub clean: usize,
     pub confusing: usize,
     pub unparsed: usize,
     /// How often each error was named, in the order of [`ErrorType::ALL`]; unnamed ones left out.
@@ -280,7 +280,7 @@ pub fn score_coherence(
         let completion = llm.complete(&prompt, VERDICT_TOKENS, grammar.as_ref())?;
         ledger.record(&completion.usage);
         let (verdict, types) = match parse_verdict(&completion.text) {
-            Verdict::Clear => (VerdictKind::Clear, Vec::new()),
+            Verdict::Clean => (VerdictKind::Clean, Vec::new()),
             Verdict::Confusing(types) => (VerdictKind::Confusing, types),
             Verdict::Unparsed => (VerdictKind::Unparsed, Vec::new()),
         };
@@ -303,8 +303,8 @@ pub fn score_coherence(
 /// Count the verdicts and derive the scores.
 fn report(verdicts: Vec<SentenceVerdict>, constrained: bool, judge: JudgeStats) -> CoherenceReport {
     let count = |kind: VerdictKind| verdicts.iter().filter(|v| v.verdict == kind).count();
-    let (clear, confusing, unparsed) = (
-        count(VerdictKind::Clear),
+    let (clean, confusing, unparsed) = (
+        count(VerdictKind::Clean),
         count(VerdictKind::Confusing),
         count(VerdictKind::Unparsed),
     );
@@ -315,12 +315,12 @@ fn report(verdicts: Vec<SentenceVerdict>, constrained: bool, judge: JudgeStats) 
             error_counts.insert(kind.name().to_string(), named.into());
         }
     }
-    let parsed = clear + confusing;
+    let parsed = clean + confusing;
     CoherenceReport {
-        score: clear as f64 / verdicts.len() as f64,
-        score_parsed: (parsed > 0).then(|| clear as f64 / parsed as f64),
+        score: clean as f64 / verdicts.len() as f64,
+        score_parsed: (parsed > 0).then(|| clean as f64 / parsed as f64),
         sentences: verdicts.len(),
-        clear,
+        clean,
         confusing,
         unparsed,
         error_counts,
@@ -338,7 +338,7 @@ fn report(verdicts: Vec<SentenceVerdict>, constrained: bool, judge: JudgeStats) 
 ///   `errors`, `error_types`); types alone mean confusing. A `{` that opens
 ///   no readable object is unparsed, never guessed at;
 /// - text whose first word answers (after labels like `Answer:`): `no`,
-///   `none`, `nothing`, `not`, `clear`, `false` mean clear (`No confusion`); `yes`,
+///   `none`, `nothing`, `not`, `clear`, `false` mean clean (`No confusion`); `yes`,
 ///   `true`, `confusing` mean confusing, with the types named after it
 ///   (`Yes: causal omission, duplication`);
 /// - text that says it plainly (`this sentence is not confusing`, `it would
@@ -369,7 +369,7 @@ pub fn parse_verdict(raw: &str) -> Verdict {
         .map_or(&[][..], |at| &words[at..]);
     match answer.first().map(String::as_str) {
         Some("no" | "nope" | "none" | "nothing" | "not" | "clear" | "false") => {
-            return Verdict::Clear
+            return Verdict::Clean
         }
         Some("yes" | "yeah" | "true" | "confusing" | "confused") => {
             return Verdict::Confusing(find_types(&answer[1..]))
@@ -400,7 +400,7 @@ pub fn parse_verdict(raw: &str) -> Verdict {
         "confusing because",
     ];
     if CLEAR.iter().any(|phrase| contains_phrase(&flat, phrase)) {
-        return Verdict::Clear;
+        return Verdict::Clean;
     }
     if CONFUSING
         .iter()
@@ -430,7 +430,7 @@ fn verdict_from_json(map: &Map<String, Value>) -> Verdict {
             |value| match value {
                 Value::Bool(flag) => Some(*flag),
                 Value::String(text) => match parse_verdict(text) {
-                    Verdict::Clear => Some(false),
+                    Verdict::Clean => Some(false),
                     Verdict::Confusing(_) => Some(true),
                     Verdict::Unparsed => None,
                 },
@@ -452,7 +452,7 @@ fn verdict_from_json(map: &Map<String, Value>) -> Verdict {
         _ => Vec::new(),
     };
     match flag {
-        Some(false) => Verdict::Clear,
+        Some(false) => Verdict::Clean,
         Some(true) => Verdict::Confusing(types),
         None if !types.is_empty() => Verdict::Confusing(types),
         None => Verdict::Unparsed,
@@ -538,7 +538,7 @@ mod tests {
     }
 
     #[test]
-    fn plain_no_forms_are_clear() {
+    fn plain_no_forms_are_clean() {
         for raw in [
             "No",
             "no",
@@ -553,7 +553,7 @@ mod tests {
             "Clear.",
             "false",
         ] {
-            assert_eq!(parse_verdict(raw), Verdict::Clear, "{raw:?}");
+            assert_eq!(parse_verdict(raw), Verdict::Clean, "{raw:?}");
         }
     }
 
@@ -608,7 +608,7 @@ mod tests {
 
     #[test]
     fn json_verdicts_parse() {
-        assert_eq!(parse_verdict(r#"{"confusing": false}"#), Verdict::Clear);
+        assert_eq!(parse_verdict(r#"{"confusing": false}"#), Verdict::Clean);
         assert_eq!(
             parse_verdict(r#"{"confusing": true, "types": ["causal omission", "Duplication"]}"#),
             confusing(&[CausalOmission, Duplication])
@@ -623,7 +623,7 @@ mod tests {
         );
         assert_eq!(
             parse_verdict(r#"Verdict: {"is_confusing": "no"} (the sentence is fine)"#),
-            Verdict::Clear
+            Verdict::Clean
         );
         assert_eq!(
             parse_verdict(r#"{"types": ["languge"]}"#),
@@ -639,7 +639,7 @@ mod tests {
     fn a_false_flag_wins_over_listed_types() {
         assert_eq!(
             parse_verdict(r#"{"confusing": false, "types": ["salience"]}"#),
-            Verdict::Clear
+            Verdict::Clean
         );
     }
 
@@ -647,11 +647,11 @@ mod tests {
     fn sentences_that_say_it_plainly_parse() {
         assert_eq!(
             parse_verdict("I think this sentence is not confusing at all."),
-            Verdict::Clear
+            Verdict::Clean
         );
         assert_eq!(
             parse_verdict("The sentence wouldn't confuse anyone."),
-            Verdict::Clear
+            Verdict::Clean
         );
         assert_eq!(
             parse_verdict("The sentence would confuse a reader: the reason she leaves is missing (causal omission)."),
@@ -668,7 +668,7 @@ mod tests {
     }
 
     #[test]
-    fn malformed_replies_are_unparsed_never_clear() {
+    fn malformed_replies_are_unparsed_never_clean() {
         for raw in [
             "",
             "   ",
@@ -708,15 +708,15 @@ mod tests {
         };
         let report = report(
             vec![
-                verdict(VerdictKind::Clear, vec![]),
-                verdict(VerdictKind::Clear, vec![]),
+                verdict(VerdictKind::Clean, vec![]),
+                verdict(VerdictKind::Clean, vec![]),
                 verdict(VerdictKind::Confusing, vec![Salience, Duplication]),
                 verdict(VerdictKind::Unparsed, vec![]),
             ],
             true,
             judge,
         );
-        assert_eq!((report.clear, report.confusing, report.unparsed), (2, 1, 1));
+        assert_eq!((report.clean, report.confusing, report.unparsed), (2, 1, 1));
         assert!((report.score - 0.5).abs() < 1e-12);
         assert!((report.score_parsed.unwrap() - 2.0 / 3.0).abs() < 1e-12);
         assert_eq!(report.error_counts["salience"], 1);
