@@ -206,7 +206,8 @@ fn score_qa_refuses_a_missing_or_malformed_question_file() {
     let summary = summary.to_str().unwrap();
     let missing = dir.path().join("missing.jsonl");
     let result = run_prism(&[
-        "score-qa",
+        "score",
+        "qa",
         summary,
         "--questions",
         missing.to_str().unwrap(),
@@ -220,7 +221,8 @@ fn score_qa_refuses_a_missing_or_malformed_question_file() {
     )
     .unwrap();
     let result = run_prism(&[
-        "score-qa",
+        "score",
+        "qa",
         summary,
         "--questions",
         malformed.to_str().unwrap(),

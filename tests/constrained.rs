@@ -10,7 +10,8 @@ use prism::engine::{Engine, GenerateOptions, LoadOptions, StopReason};
 /// 62 characters after `<s>` and `</s>`: enough to spell small JSON objects.
 const CHARS: &str = "{}[]\":,- 0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQ";
 
-fn char_model(dir: &std::path::Path) -> Engine {
+/// A tiny random model whose tokens are the single characters of [`CHARS`].
+pub fn char_model(dir: &std::path::Path) -> Engine {
     write_tiny_model(dir, TinyArch::Llama, 11);
     let mut vocab = serde_json::Map::new();
     vocab.insert("<s>".into(), 0.into());

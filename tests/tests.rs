@@ -9,6 +9,8 @@ mod constrained;
 mod cos;
 mod engine;
 mod prism_loop;
+mod quality;
+mod schema_gen;
 mod smollm2;
 mod source;
 mod tokens;

@@ -5,6 +5,8 @@ mod bench_engine;
 mod generate;
 mod models;
 mod qa;
+mod schema;
+mod score;
 mod summarize;
 
 use anyhow::{Context, Result};
@@ -41,8 +43,10 @@ enum Command {
     BenchEngine(bench_engine::BenchEngineArgs),
     /// Question-answer pairs about a document.
     Qa(qa::QaArgs),
-    /// Score a summary by how well it answers questions about the document (Correct-F1).
-    ScoreQa(Box<qa::ScoreQaArgs>),
+    /// Score a finished summary (coherence).
+    Score(score::ScoreArgs),
+    /// Write memory schemas for new domains.
+    Schema(schema::SchemaArgs),
 }
 
 pub fn run() -> Result<()> {
@@ -66,7 +70,8 @@ pub fn run() -> Result<()> {
         }
         Command::BenchEngine(args) => bench_engine::run(args),
         Command::Qa(args) => qa::run(args),
-        Command::ScoreQa(args) => qa::run_score_qa(*args),
+        Command::Score(args) => score::run(args),
+        Command::Schema(args) => schema::run(args),
     }
 }
 

@@ -1,5 +1,5 @@
 //! `prism qa generate` writes question–answer pairs about a document, chunk by
-//! chunk, as JSONL; `prism score-qa` answers them from a summary alone and
+//! chunk, as JSONL; `prism score qa` answers them from a summary alone and
 //! reports Correct-F1 with what the answering model's calls cost.
 
 use super::generate::describe;
@@ -118,7 +118,7 @@ pub struct ScoreQaArgs {
     engine: EngineArgs,
 }
 
-/// What `score-qa --json` prints.
+/// What `score qa --json` prints.
 #[derive(serde::Serialize)]
 struct QaScore {
     /// Mean Correct-F1 over the questions.

@@ -136,7 +136,7 @@ impl Formatter for SpacedFormatter {
 }
 
 /// `value` on one line in the spaced style.
-fn to_line(value: &impl Serialize) -> String {
+pub fn to_line(value: &impl Serialize) -> String {
     let mut bytes = Vec::new();
     let mut serializer = Serializer::with_formatter(&mut bytes, SpacedFormatter);
     value

@@ -16,6 +16,7 @@ pub mod llm;
 pub mod prism;
 pub mod revision_grammar;
 pub mod run;
+pub mod schema_gen;
 
 use crate::chunk::Chunk;
 use crate::error::Result;

@@ -1,7 +1,10 @@
-//! Measures of what a summary gives a reader. The first is question answering:
-//! how well questions about the document can be answered from the summary
-//! alone, scored with Correct-F1 against reference answers ([`f1`]) over
-//! pairs written by the model ([`qa`]).
+//! Measures of what a summary gives a reader: question answering from the
+//! summary alone, scored with Correct-F1 against reference answers ([`f1`])
+//! over pairs written by the model ([`qa`]); and coherence, where a judge
+//! model says sentence by sentence whether the summary would confuse a reader
+//! (BooookScore, [`coherence`]) over the sentences [`sentences`] finds.
 
+pub mod coherence;
 pub mod f1;
 pub mod qa;
+pub mod sentences;

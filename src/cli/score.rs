@@ -1,0 +1,130 @@
+//! `prism score`: measures of a finished summary. `score coherence` has a
+//! judge model look at every sentence of a summary (BooookScore); `score qa`
+//! answers questions from the summary alone (Correct-F1, in `qa.rs`).
+
+use super::summarize::OnOff;
+use super::{EngineArgs, SamplingArgs};
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use prism::engine::GenerateOptions;
+use prism::methods::llm::EngineLlm;
+use prism::quality::coherence::{score_coherence, CoherenceConfig, CoherenceReport, VerdictKind};
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct ScoreArgs {
+    #[command(subcommand)]
+    command: ScoreCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum ScoreCommand {
+    /// Ask a judge model, sentence by sentence, whether a summary would confuse a reader (BooookScore).
+    Coherence(CoherenceArgs),
+    /// Answer questions from the summary alone and score the answers with Correct-F1 (Chain of Summaries).
+    Qa(Box<super::qa::ScoreQaArgs>),
+}
+
+#[derive(Debug, Args)]
+#[command(mut_arg("model", |arg| arg
+    .visible_alias("judge-model")
+    .help("The judge: a known model name (see `prism models list`), a .gguf file, a model directory, or a Hugging Face repo id")))]
+pub struct CoherenceArgs {
+    /// The summary: a UTF-8 text file.
+    summary: PathBuf,
+    /// Print the whole report as JSON instead of one line per sentence.
+    #[arg(long)]
+    json: bool,
+    /// Decode each verdict under a JSON grammar, so that it always parses.
+    #[arg(long, value_enum, default_value = "on")]
+    constrained: OnOff,
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+}
+
+/// The report as printed with `--json`: the judge's name, then the report.
+#[derive(serde::Serialize)]
+struct Printed<'a> {
+    summary: &'a std::path::Path,
+    judge_model: &'a str,
+    #[serde(flatten)]
+    report: &'a CoherenceReport,
+}
+
+pub fn run(args: ScoreArgs) -> Result<()> {
+    match args.command {
+        ScoreCommand::Coherence(args) => run_coherence(args),
+        ScoreCommand::Qa(args) => super::qa::run_score_qa(*args),
+    }
+}
+
+fn run_coherence(args: CoherenceArgs) -> Result<()> {
+    let summary = prism::document::read_document(&args.summary)?;
+    let sampling = args.sampling.config()?;
+    let mut engine = args.engine.load()?;
+    let config = CoherenceConfig {
+        constrained: args.constrained == OnOff::On,
+    };
+    let options = GenerateOptions {
+        sampling,
+        ..GenerateOptions::default()
+    };
+    let judge_model = engine.name().to_string();
+    let mut llm = EngineLlm::new(&mut engine, options);
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} sentence {pos}/{len} [{bar:30}] elapsed {elapsed} eta {eta}",
+        )
+        .expect("a valid progress template")
+        .progress_chars("=> "),
+    );
+    let report = score_coherence(&mut llm, &summary, &config, &mut |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })?;
+    bar.finish_and_clear();
+    if args.json {
+        let printed = Printed {
+            summary: &args.summary,
+            judge_model: &judge_model,
+            report: &report,
+        };
+        println!("{}", serde_json::to_string_pretty(&printed)?);
+    } else {
+        for verdict in &report.verdicts {
+            let label = match verdict.verdict {
+                VerdictKind::Clean => "clean".to_string(),
+                VerdictKind::Confusing if verdict.types.is_empty() => "confusing".to_string(),
+                VerdictKind::Confusing => {
+                    let types: Vec<&str> = verdict.types.iter().map(|t| t.name()).collect();
+                    format!("confusing: {}", types.join(", "))
+                }
+                VerdictKind::Unparsed => "unparsed".to_string(),
+            };
+            println!("[{label}] {}", verdict.sentence);
+        }
+    }
+    let parsed = report
+        .score_parsed
+        .map_or("n/a".to_string(), |score| format!("{score:.3}"));
+    let judge = &report.judge;
+    eprintln!(
+        "{}: coherence {:.3} ({} of {} sentences clean, {} confusing, {} unparsed; {parsed} over parsed verdicts); judge {judge_model}: {} calls, cache hit {:.1}%, net {} tokens, output {}, {:.0}s",
+        args.summary.display(),
+        report.score,
+        report.clean,
+        report.sentences,
+        report.confusing,
+        report.unparsed,
+        judge.calls,
+        100.0 * judge.figures.cache_hit_rate,
+        judge.figures.net_tokens,
+        judge.figures.output_tokens,
+        judge.seconds,
+    );
+    Ok(())
+}

@@ -1,0 +1,159 @@
+//! Coherence scoring (BooookScore) against a scripted judge: one call per
+//! sentence over a shared cached prefix, verdicts of every form counted, and
+//! unreadable ones never counted as clean; then constrained verdicts from a
+//! random model, and the command line on a bad summary file.
+
+use crate::common::{assert_one_error_line, run_prism, ScriptedLlm};
+use crate::constrained::char_model;
+use prism::engine::{GenerateOptions, StopReason};
+use prism::quality::coherence::{
+    parse_verdict, score_coherence, verdict_grammar, CoherenceConfig, ErrorType, Verdict,
+    VerdictKind,
+};
+
+const SUMMARY: &str = "Anna inherits the mill from her uncle. The mill burns down in May. \
+Mr. Brandt, the banker, refuses her a loan. Anna rebuilds the mill with the villagers' help.";
+
+fn score(replies: &[&str]) -> (prism::quality::coherence::CoherenceReport, ScriptedLlm) {
+    let mut llm = ScriptedLlm::new(replies);
+    let config = CoherenceConfig { constrained: false };
+    let mut seen = Vec::new();
+    let report = score_coherence(&mut llm, SUMMARY, &config, &mut |done, total| {
+        seen.push((done, total))
+    })
+    .unwrap();
+    assert_eq!(seen, [(1, 4), (2, 4), (3, 4), (4, 4)]);
+    (report, llm)
+}
+
+#[test]
+fn each_sentence_is_judged_once_after_the_same_prefix() {
+    let (report, llm) = score(&[
+        r#"{"confusing": false}"#,
+        "Yes: causal omission",
+        r#"{"confusing": true, "types": ["entity omission"]}"#,
+        "No confusion.",
+    ]);
+    assert_eq!(llm.prompts.len(), 4);
+    let sentences: Vec<&str> = report
+        .verdicts
+        .iter()
+        .map(|v| v.sentence.as_str())
+        .collect();
+    assert_eq!(
+        sentences,
+        [
+            "Anna inherits the mill from her uncle.",
+            "The mill burns down in May.",
+            "Mr. Brandt, the banker, refuses her a loan.",
+            "Anna rebuilds the mill with the villagers' help."
+        ]
+    );
+    for (prompt, sentence) in llm.prompts.iter().zip(&sentences) {
+        assert_eq!(prompt.system, llm.prompts[0].system);
+        assert_eq!(prompt.segments[..2], llm.prompts[0].segments[..2]);
+        assert!(prompt.segments[1].contains(SUMMARY));
+        let last = prompt.segments.last().unwrap();
+        assert!(last.contains(sentence), "{last}");
+    }
+
+    let kinds: Vec<VerdictKind> = report.verdicts.iter().map(|v| v.verdict).collect();
+    assert_eq!(
+        kinds,
+        [
+            VerdictKind::Clean,
+            VerdictKind::Confusing,
+            VerdictKind::Confusing,
+            VerdictKind::Clean
+        ]
+    );
+    assert_eq!(report.verdicts[1].types, [ErrorType::CausalOmission]);
+    assert_eq!(report.verdicts[1].raw, "Yes: causal omission");
+    assert_eq!((report.clean, report.confusing, report.unparsed), (2, 2, 0));
+    assert!((report.score - 0.5).abs() < 1e-12);
+    assert_eq!(report.score_parsed, Some(0.5));
+
+    // The scripted model counts characters: every call after the first
+    // reuses at least the system turn, instructions and summary.
+    let judge = &report.judge;
+    assert_eq!(judge.calls, 4);
+    let prefix: usize = llm.prompts[0].system.as_ref().unwrap().chars().count()
+        + llm.prompts[0].segments[..2]
+            .iter()
+            .map(|s| s.chars().count())
+            .sum::<usize>();
+    assert!(judge.figures.reused_tokens >= 3 * prefix);
+    assert!(judge.figures.cache_hit_rate > 0.5, "{judge:?}");
+}
+
+#[test]
+fn unreadable_verdicts_lower_the_score_and_are_reported() {
+    let (report, _) = score(&["No", "Maybe?", "{\"confusing\": tr", ""]);
+    assert_eq!((report.clean, report.confusing, report.unparsed), (1, 0, 3));
+    assert!((report.score - 0.25).abs() < 1e-12);
+    assert_eq!(report.score_parsed, Some(1.0));
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["verdicts"][1]["verdict"], "unparsed");
+    assert_eq!(json["verdicts"][2]["raw"], "{\"confusing\": tr");
+    assert_eq!(json["unparsed"], 3);
+    assert!(json["judge"]["cache_hit_rate"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn all_unreadable_scores_zero_with_no_parsed_score() {
+    let (report, _) = score(&["?", "?", "?", "?"]);
+    assert_eq!(report.score, 0.0);
+    assert_eq!(report.score_parsed, None);
+}
+
+#[test]
+fn a_summary_without_sentences_is_an_error() {
+    let mut llm = ScriptedLlm::new(&[]);
+    let config = CoherenceConfig { constrained: true };
+    let err = score_coherence(&mut llm, "--- \n ...", &config, &mut |_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("no sentences"), "{err}");
+    assert!(llm.prompts.is_empty());
+}
+
+#[test]
+fn constrained_verdicts_of_a_random_model_always_parse() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = char_model(dir.path());
+    for (seed, prompt) in ["x", "abc", "q0", "zz 9"].iter().enumerate() {
+        let ids = engine.text_prompt(prompt).unwrap();
+        let mut options = GenerateOptions {
+            max_tokens: 120,
+            grammar: Some(verdict_grammar()),
+            ..GenerateOptions::default()
+        };
+        options.sampling.temperature = 1.0;
+        options.sampling.seed = seed as u64;
+        let generation = engine.generate(&ids, &options).unwrap();
+        assert_eq!(
+            generation.stop_reason,
+            StopReason::EndOfTurn,
+            "{:?}",
+            generation.text
+        );
+        assert_ne!(
+            parse_verdict(&generation.text),
+            Verdict::Unparsed,
+            "{:?}",
+            generation.text
+        );
+    }
+}
+
+#[test]
+fn an_empty_or_binary_summary_file_is_one_error_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.txt");
+    std::fs::write(&empty, "").unwrap();
+    let result = run_prism(&["score", "coherence", empty.to_str().unwrap()]);
+    assert_one_error_line(&result, "is empty");
+
+    let binary = dir.path().join("binary.txt");
+    std::fs::write(&binary, [0u8, 159, 146, 150, 1, 2, 3]).unwrap();
+    let result = run_prism(&["score", "coherence", binary.to_str().unwrap()]);
+    assert_one_error_line(&result, "binary");
+}
