@@ -1,5 +1,6 @@
 //! Helpers shared by the integration tests.
 
+use prism::engine::cache_slots::{place, Placement, SlotView};
 use prism::engine::Usage;
 use prism::methods::llm::{Completion, Llm, Prompt};
 use std::path::PathBuf;
@@ -204,26 +205,25 @@ impl ScriptedLlm {
     /// The slot `chars` goes to, and how many of its characters it reuses.
     fn take_slot(&mut self, chars: &[char]) -> (usize, usize) {
         let shared = |cached: &[char]| cached.iter().zip(chars).take_while(|(a, b)| a == b).count();
-        let (best, reused) = self
+        let views: Vec<SlotView> = self
             .slots
             .iter()
-            .enumerate()
-            .map(|(index, (cached, last_used))| (index, shared(cached), *last_used))
-            .max_by_key(|&(_, reused, last_used)| (reused, last_used))
-            .map(|(index, reused, _)| (index, reused))
-            .unwrap();
-        if 2 * reused >= self.slots[best].0.len() || self.slot_limit == 1 {
-            return (best, reused);
+            .map(|(cached, last_used)| SlotView {
+                shared: shared(cached),
+                len: cached.len(),
+                last_used: *last_used as u64,
+            })
+            .collect();
+        match place(&views, self.slot_limit) {
+            Placement::Continue(index) => (index, views[index].shared),
+            Placement::Copy { from, into } => {
+                let index = into.unwrap_or_else(|| {
+                    self.slots.push((Vec::new(), 0));
+                    self.slots.len() - 1
+                });
+                (index, views[from].shared)
+            }
         }
-        if self.slots.len() < self.slot_limit {
-            self.slots.push((Vec::new(), 0));
-            return (self.slots.len() - 1, reused);
-        }
-        let spare = (0..self.slots.len())
-            .filter(|&index| index != best)
-            .min_by_key(|&index| self.slots[index].1)
-            .unwrap();
-        (spare, reused)
     }
 }
 

@@ -82,47 +82,97 @@ impl CacheSlots {
         new_cache: impl FnOnce() -> KvCache,
     ) -> Result<usize> {
         self.clock += 1;
-        let (best, shared) = self
+        let views: Vec<SlotView> = self
             .slots
             .iter()
-            .enumerate()
-            .map(|(index, slot)| (index, slot.cache.common_prefix(prompt), slot.last_used))
-            .max_by_key(|&(_, shared, last_used)| (shared, last_used))
-            .map(|(index, shared, _)| (index, shared))
-            .expect("there is always at least one slot");
-        let keeps_most = 2 * shared >= self.slots[best].cache.len();
-        let chosen = if keeps_most || self.limit == 1 {
-            best
-        } else {
-            let target = self.spare_slot(best, new_cache);
-            let (source, target_slot) = two_slots(&mut self.slots, best, target);
-            target_slot.cache.copy_prefix_from(&source.cache, shared)?;
-            target_slot.prompt_logits = None;
-            target
+            .map(|slot| SlotView {
+                shared: slot.cache.common_prefix(prompt),
+                len: slot.cache.len(),
+                last_used: slot.last_used,
+            })
+            .collect();
+        let (chosen, shared) = match place(&views, self.limit) {
+            Placement::Continue(index) => (index, views[index].shared),
+            Placement::Copy { from, into } => {
+                let target = into.unwrap_or_else(|| {
+                    self.slots.push(Slot {
+                        cache: new_cache(),
+                        prompt_logits: None,
+                        last_used: 0,
+                    });
+                    self.slots.len() - 1
+                });
+                let (source, target_slot) = two_slots(&mut self.slots, from, target);
+                target_slot
+                    .cache
+                    .copy_prefix_from(&source.cache, views[from].shared)?;
+                target_slot.prompt_logits = None;
+                (target, views[from].shared)
+            }
         };
         self.active = chosen;
         self.slots[chosen].last_used = self.clock;
         Ok(shared)
     }
+}
 
-    /// A slot other than `keep` to work in: a new one while under the limit,
-    /// else the least recently used.
-    fn spare_slot(&mut self, keep: usize, new_cache: impl FnOnce() -> KvCache) -> usize {
-        if self.slots.len() < self.limit {
-            self.slots.push(Slot {
-                cache: new_cache(),
-                prompt_logits: None,
-                last_used: 0,
-            });
-            return self.slots.len() - 1;
-        }
-        self.slots
-            .iter()
-            .enumerate()
-            .filter(|(index, _)| *index != keep)
-            .min_by_key(|(_, slot)| slot.last_used)
-            .map(|(index, _)| index)
-            .expect("a limit above one leaves a slot besides `keep`")
+/// What [`place`] needs to know of a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotView {
+    /// Tokens the prompt shares with the slot's sequence.
+    pub shared: usize,
+    /// Tokens the slot holds.
+    pub len: usize,
+    /// When the slot was last used; higher is later.
+    pub last_used: u64,
+}
+
+/// Where a prompt goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Continue this slot, dropping what follows the shared prefix.
+    Continue(usize),
+    /// Copy the shared prefix of slot `from` into `into` (a new slot when
+    /// `None`) and continue there.
+    Copy { from: usize, into: Option<usize> },
+}
+
+/// Choose the slot for a prompt: the one sharing the longest prefix (the most
+/// recently used on a tie). Only the sequence used last is protected: if
+/// continuing it would discard most of it, the prompt is likely a side trip
+/// (answer a question, then come back to the document), so the shared prefix
+/// goes to a new slot while under `limit`, else to the least recently used
+/// one. An older slot that would lose most of its tokens holds a stale
+/// sequence and is simply continued.
+pub fn place(slots: &[SlotView], limit: usize) -> Placement {
+    let (best, view) = slots
+        .iter()
+        .enumerate()
+        .max_by_key(|(_, view)| (view.shared, view.last_used))
+        .expect("there is always at least one slot");
+    let keeps_most = 2 * view.shared >= view.len;
+    let used_last = slots.iter().all(|other| other.last_used <= view.last_used);
+    if keeps_most || !used_last || limit <= 1 {
+        return Placement::Continue(best);
+    }
+    if slots.len() < limit {
+        return Placement::Copy {
+            from: best,
+            into: None,
+        };
+    }
+    let into = slots
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| *index != best)
+        .min_by_key(|(_, view)| view.last_used)
+        .map(|(index, _)| index);
+    match into {
+        Some(index) => Placement::Copy {
+            from: best,
+            into: Some(index),
+        },
+        None => Placement::Continue(best),
     }
 }
 
@@ -174,6 +224,36 @@ mod tests {
         assert_eq!(fill(&mut slots, &[1, 2, 3, 4, 5, 6, 7, 8, 30]), 8);
         // The answer-style prompt again finds its own slot.
         assert_eq!(fill(&mut slots, &[1, 20, 21, 22]), 3);
+    }
+
+    #[test]
+    fn a_stale_slot_is_continued_and_the_live_one_kept() {
+        let view = |shared, len, last_used| SlotView {
+            shared,
+            len,
+            last_used,
+        };
+        // The document (used last) and an old answer prompt: a new answer
+        // prompt shares more with the old one, which is stale, so it goes there.
+        let slots = [view(3, 100, 3), view(5, 30, 2)];
+        assert_eq!(place(&slots, 2), Placement::Continue(1));
+        // Sharing most with the live sequence only a little: keep it, copy.
+        let slots = [view(3, 100, 3), view(1, 30, 2)];
+        assert_eq!(
+            place(&slots, 2),
+            Placement::Copy {
+                from: 0,
+                into: Some(1)
+            }
+        );
+        assert_eq!(
+            place(&slots[..1], 2),
+            Placement::Copy {
+                from: 0,
+                into: None
+            }
+        );
+        assert_eq!(place(&slots[..1], 1), Placement::Continue(0));
     }
 
     #[test]
