@@ -42,15 +42,10 @@
 //! put the instructions and summary first, so each question after the first
 //! about one summary costs only its own tokens. The answer calls between
 //! two refinements would push the chunk out of a single cache; with two or
-//! more engine cache slots it survives in its own slot, provided a new
-//! summary's first answer prompt shares no more with the previous summary's
-//! answer slot than with the chunk's slot: otherwise the engine would reuse
-//! the answer slot's head and, with two slots, take the chunk's slot for its
-//! copy. So consecutive candidates' answer prompts differ in their first
-//! token (odd candidates' open with a blank line), the engine's tie goes to
-//! the slot used last (the refinement's), and the answers move into the
-//! other slot. `stats.json` reports `refine_prompt_tokens` and
-//! `refine_reused_tokens` to show what that saves.
+//! more engine cache slots it survives in its own slot (the engine protects
+//! the sequence it used last and continues a stale one instead).
+//! `stats.json` reports `refine_prompt_tokens` and `refine_reused_tokens` to
+//! show what that saves.
 
 use super::llm::{Llm, Prompt};
 use super::run::{Advance, Finish, Method, Position};
@@ -404,16 +399,6 @@ impl<'a> Cos<'a> {
         )
     }
 
-    /// The prompt asking `question` of candidate `candidate`. Consecutive
-    /// candidates' prompts differ in their first token (see the module doc).
-    pub fn answer_prompt(candidate: usize, summary: &str, question: &str) -> Prompt {
-        let mut prompt = qa::answer_prompt(summary, question);
-        if candidate % 2 == 1 {
-            prompt.segments[0].insert(0, '\n');
-        }
-        prompt
-    }
-
     fn read(
         &self,
         llm: &mut dyn Llm,
@@ -479,7 +464,7 @@ impl<'a> Cos<'a> {
         let mut answers = Vec::new();
         for &index in &questions[start..end] {
             let pair = &state.pairs[index];
-            let prompt = Self::answer_prompt(candidate, &summary, &pair.question);
+            let prompt = qa::answer_prompt(&summary, &pair.question);
             let (answered, usage) = qa::ask(llm, &prompt, pair)?;
             calls.add(&usage);
             answers.push(answered);
@@ -919,22 +904,5 @@ mod tests {
             assert_eq!(prompt.system, prompts[0].system);
             assert_eq!(prompt.segments[..2], prompts[0].segments[..2]);
         }
-    }
-
-    /// Consecutive candidates' answer prompts, and prompts about a chunk,
-    /// part at their first character (see the module doc).
-    #[test]
-    fn answer_prompts_of_consecutive_candidates_part_at_once() {
-        let config = config();
-        let cos = Cos::new(&config);
-        let first = |prompt: &Prompt| prompt.segments[0].chars().next();
-        let chunk_prompt = cos.refine_prompt(&chunk("Text."), "A ship.", &["Where?"]);
-        let even = Cos::answer_prompt(2, "Same words.", "Who?");
-        let odd = Cos::answer_prompt(3, "Same words.", "Who?");
-        assert_eq!(even.system, chunk_prompt.system);
-        assert_ne!(first(&even), first(&odd));
-        assert_ne!(first(&even), first(&chunk_prompt));
-        assert_ne!(first(&odd), first(&chunk_prompt));
-        assert_eq!(odd.segments[0].trim_start(), even.segments[0]);
     }
 }
