@@ -252,3 +252,49 @@ fn prism_flags_that_names_set_are_refused() {
     ]);
     assert_one_error_line(&result, "--no-updates is set by each prism method's name");
 }
+
+/// `--quality` judges every finished run's summary: each row gets a coherence
+/// score (or the reason there is none) and a QA-F1, the run directory the
+/// judge's reports, and report.md the quality columns.
+#[test]
+fn quality_adds_judge_scores_to_every_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    tiny_chat_model(&model);
+    let doc = document(dir.path());
+    let questions = dir.path().join("qa.jsonl");
+    std::fs::write(
+        &questions,
+        "{\"question\": \"Which word comes first?\", \"answer\": \"w2\"}\n",
+    )
+    .unwrap();
+    let out = dir.path().join("bench");
+    let (ok, _, stderr) = bench(
+        &model,
+        &doc,
+        &out,
+        &[
+            "--quality",
+            "--judge-model",
+            model.to_str().unwrap(),
+            "--questions",
+            questions.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{stderr}");
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 4);
+    for row in &rows {
+        assert!(
+            row["coherence"].is_number() || row["coherence_error"].is_string(),
+            "{row}"
+        );
+        let f1 = row["qa_f1"].as_f64().expect("a QA-F1 per row");
+        assert!((0.0..=1.0).contains(&f1));
+        let run_dir = out.join(row["run_dir"].as_str().unwrap());
+        assert!(run_dir.join("qa.json").is_file());
+    }
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("| QA-F1 |"), "{report}");
+}

@@ -106,16 +106,26 @@ fn header(out: &mut String, rows: &[Row]) {
 /// Table 3 of the paper for one chunk size, with our wall time, calls and
 /// summary length added.
 fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
+    // Quality columns only when `bench --quality` scored some run.
+    let quality: Vec<(&str, &str)> = [("coherence", "Coherence"), ("qa_f1", "QA-F1")]
+        .into_iter()
+        .filter(|(key, _)| rows.iter().any(|row| row.number(key).is_some()))
+        .collect();
     out.push_str(
-        "| Method | Cache hit (%) | Total (×10³) | Net (×10³) | Output (×10³) | Cost index | Wall (s) | Calls | Summary tokens |\n\
-         |---|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+        "| Method | Cache hit (%) | Total (×10³) | Net (×10³) | Output (×10³) | Cost index | Wall (s) | Calls | Summary tokens |",
     );
+    for (_, title) in &quality {
+        let _ = write!(out, " {title} |");
+    }
+    out.push_str("\n|---|--:|--:|--:|--:|--:|--:|--:|--:|");
+    out.push_str(&"--:|".repeat(quality.len()));
+    out.push('\n');
     for method in methods(rows) {
         let Some(row) = find(rows, method, chunk_tokens) else {
             continue;
         };
         let thousands = |key: &str| cell(row.number(key).map(|n| n / 1000.0), 1);
-        let _ = writeln!(
+        let _ = write!(
             out,
             "| {method} | {} | {} | {} | {} | {} | {} | {} | {} |",
             cell(row.metric(Metric::CacheHit), 1),
@@ -127,6 +137,10 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
             cell(row.number("calls"), 0),
             cell(row.number("summary_tokens"), 0),
         );
+        for (key, _) in &quality {
+            let _ = write!(out, " {} |", cell(row.number(key), 3));
+        }
+        out.push('\n');
     }
 }
 

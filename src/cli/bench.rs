@@ -11,8 +11,12 @@ use clap::{ArgMatches, Args, Subcommand, ValueEnum};
 use prism::bench::sweep::{self, estimate_seconds, Machine, Metric, Pending, Row};
 use prism::bench::{charts, report};
 use prism::engine::sampling::SamplingConfig;
+use prism::engine::{Engine, GenerateOptions, LoadOptions};
+use prism::methods::llm::EngineLlm;
 use prism::methods::run::Outcome;
 use prism::methods::MethodSpec;
+use prism::quality::coherence::{score_coherence, CoherenceConfig};
+use prism::quality::qa::{score_summary, QaPair};
 use prism::rundir::RunDir;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -67,6 +71,16 @@ struct SweepArgs {
     /// Pause the sweep after this many runs; continue with --resume.
     #[arg(long)]
     stop_after_runs: Option<usize>,
+    /// Judge every finished run's summary: coherence (BooookScore), and QA-F1 with --questions.
+    /// Scores go into the run's row and coherence.json / qa.json in its directory.
+    #[arg(long)]
+    quality: bool,
+    /// The judge model of --quality.
+    #[arg(long, default_value = "qwen2.5-coder-1.5b-instruct")]
+    judge_model: String,
+    /// Question-answer pairs (as `prism qa generate` writes them) for the QA-F1 of --quality.
+    #[arg(long, requires = "quality")]
+    questions: Option<PathBuf>,
     #[command(flatten)]
     method_args: MethodArgs,
     #[command(flatten)]
@@ -267,6 +281,12 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
         "{} is not empty; pass --resume to continue the sweep in it, or choose another --out",
         out.display()
     );
+    let questions = args
+        .questions
+        .as_deref()
+        .map(prism::quality::qa::read_pairs)
+        .transpose()?;
+    let mut judge: Option<Engine> = None;
     let text = prism::document::read_document(document_path)?;
     let mut engine = args.engine.load()?;
     let document_tokens = Document::count(&engine, document_path, &text)?;
@@ -355,11 +375,20 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
             anyhow::bail!("{}: stopped before finishing", job.out.display());
         };
         let stats = serde_json::from_value(serde_json::to_value(&stats)?)?;
+        let mut stats = Row::stats_from_json(stats);
+        if args.quality {
+            let judge = match judge.as_mut() {
+                Some(judge) => judge,
+                None => judge.insert(load_judge(&args)?),
+            };
+            bar.set_prefix(format!("judging {} ", planned.method.name));
+            judge_summary(judge, job.out, questions.as_deref(), &mut stats)?;
+        }
         let row = context.row(
             planned,
             &documents[planned.document],
             job.fingerprint(engine.name()),
-            Row::stats_from_json(stats),
+            stats,
         );
         bench.append_jsonl(RESULTS, &row)?;
         rows.push(row);
@@ -521,6 +550,51 @@ impl SweepContext {
             stats,
         }
     }
+}
+
+/// The judge of `--quality`, on the sweep's device.
+fn load_judge(args: &SweepArgs) -> Result<Engine> {
+    let source = prism::engine::source::resolve(&args.judge_model)?;
+    let options = LoadOptions {
+        device: args.engine.device,
+        prefill_weights: None,
+    };
+    Engine::load(&source, &options).with_context(|| format!("loading judge {}", args.judge_model))
+}
+
+/// Score the summary in `run_dir` with `judge` and add the scores to `stats`:
+/// `coherence` and `coherence_unparsed`, and `qa_f1` when `questions` are
+/// given. A summary the judge cannot score (no sentences) is recorded as
+/// `coherence_error`, so one odd run does not stop the sweep.
+fn judge_summary(
+    judge: &mut Engine,
+    run_dir: &Path,
+    questions: Option<&[QaPair]>,
+    stats: &mut serde_json::Map<String, serde_json::Value>,
+) -> Result<()> {
+    let dir = RunDir::create(run_dir)?;
+    let summary_path = dir.file(RunDir::SUMMARY)?;
+    let summary = std::fs::read_to_string(&summary_path)
+        .with_context(|| format!("reading {}", summary_path.display()))?;
+    judge.clear_cache();
+    let mut llm = EngineLlm::new(judge, GenerateOptions::default());
+    let config = CoherenceConfig { constrained: true };
+    match score_coherence(&mut llm, &summary, &config, &mut |_, _| {}) {
+        Ok(report) => {
+            stats.insert("coherence".into(), report.score.into());
+            stats.insert("coherence_unparsed".into(), report.unparsed.into());
+            dir.write_json("coherence.json", &report)?;
+        }
+        Err(err) => {
+            stats.insert("coherence_error".into(), err.to_string().into());
+        }
+    }
+    if let Some(questions) = questions {
+        let score = score_summary(&mut llm, &summary, questions)?;
+        stats.insert("qa_f1".into(), score.correct_f1.into());
+        dir.write_json("qa.json", &score)?;
+    }
+    Ok(())
 }
 
 /// The short revision of prism's source tree and whether it has uncommitted

@@ -9,9 +9,8 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use prism::engine::GenerateOptions;
 use prism::methods::llm::EngineLlm;
-use prism::metrics::{Figures, Ledger};
-use prism::quality::f1::mean_f1;
-use prism::quality::qa::{self, Answered};
+use prism::metrics::Ledger;
+use prism::quality::qa;
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -118,38 +117,12 @@ pub struct ScoreQaArgs {
     engine: EngineArgs,
 }
 
-/// What `score qa --json` prints.
-#[derive(serde::Serialize)]
-struct QaScore {
-    /// Mean Correct-F1 over the questions.
-    correct_f1: f64,
-    questions: Vec<Answered>,
-    /// Calls of the model answering from the summary, one per question.
-    calls: usize,
-    figures: Figures,
-}
-
 pub fn run_score_qa(args: ScoreQaArgs) -> Result<()> {
     let summary = prism::document::read_document(&args.summary)?;
     let pairs = qa::read_pairs(&args.questions)?;
     let mut engine = args.engine.load()?;
     let mut llm = EngineLlm::new(&mut engine, GenerateOptions::default());
-    let mut ledger = Ledger::default();
-    let mut questions = Vec::new();
-    for (index, pair) in pairs.iter().enumerate() {
-        let prompt = qa::answer_prompt(&summary, &pair.question);
-        let (answered, usage) = qa::ask(&mut llm, &prompt, pair)
-            .with_context(|| format!("question {}/{}", index + 1, pairs.len()))?;
-        ledger.record(&usage);
-        questions.push(answered);
-    }
-    let f1s: Vec<f64> = questions.iter().map(|answered| answered.f1).collect();
-    let score = QaScore {
-        correct_f1: mean_f1(&f1s).unwrap_or_default(),
-        questions,
-        calls: ledger.calls,
-        figures: ledger.figures(),
-    };
+    let score = qa::score_summary(&mut llm, &summary, &pairs)?;
     if args.json {
         println!("{}", serde_json::to_string(&score)?);
         return Ok(());

@@ -9,11 +9,12 @@
 //! first and the question last, so every question about one summary reuses
 //! the summary's KV.
 
-use super::f1::token_f1;
+use super::f1::{mean_f1, token_f1};
 use crate::engine::constraint::Grammar;
 use crate::engine::Usage;
 use crate::error::{Error, Result};
 use crate::methods::llm::{Llm, Prompt};
+use crate::metrics::{Figures, Ledger};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::HashSet;
@@ -337,6 +338,36 @@ pub fn ask(llm: &mut dyn Llm, prompt: &Prompt, pair: &QaPair) -> Result<(Answere
         },
         completion.usage,
     ))
+}
+
+/// How well a summary answers a set of questions.
+#[derive(Debug, Clone, Serialize)]
+pub struct QaScore {
+    /// Mean Correct-F1 over the questions.
+    pub correct_f1: f64,
+    pub questions: Vec<Answered>,
+    /// Calls of the model answering from the summary, one per question.
+    pub calls: usize,
+    pub figures: Figures,
+}
+
+/// Answer every question of `pairs` from `summary` alone and score the answers.
+pub fn score_summary(llm: &mut dyn Llm, summary: &str, pairs: &[QaPair]) -> Result<QaScore> {
+    let mut ledger = Ledger::default();
+    let mut questions = Vec::new();
+    for pair in pairs {
+        let prompt = answer_prompt(summary, &pair.question);
+        let (answered, usage) = ask(llm, &prompt, pair)?;
+        ledger.record(&usage);
+        questions.push(answered);
+    }
+    let f1s: Vec<f64> = questions.iter().map(|answered| answered.f1).collect();
+    Ok(QaScore {
+        correct_f1: mean_f1(&f1s).unwrap_or_default(),
+        questions,
+        calls: ledger.calls,
+        figures: ledger.figures(),
+    })
 }
 
 /// The answer in a reply: its first non-empty line, without an `Answer:` label.
