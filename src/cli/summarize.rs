@@ -14,7 +14,7 @@ use prism::chunk::Chunk;
 use prism::engine::sampling::SamplingConfig;
 use prism::engine::{Engine, GenerateOptions};
 use prism::memory::Schema;
-use prism::methods::cok::CokConfig;
+use prism::methods::cok::{CokConfig, Variant};
 use prism::methods::cos::CosConfig;
 use prism::methods::detail::DetailConfig;
 use prism::methods::hierarchical::HierarchicalConfig;
@@ -173,21 +173,10 @@ impl MethodArgs {
                     },
                 }
             }
-            MethodName::GuText => MethodSpec::GuText {
-                config: self.cok_config(),
-            },
-            MethodName::GuJson => MethodSpec::GuJson {
-                config: self.cok_config(),
-                schema: self.schema_json()?,
-            },
-            MethodName::GmJson => MethodSpec::GmJson {
-                config: self.cok_config(),
-                schema: self.schema_json()?,
-            },
-            MethodName::Cok => MethodSpec::Cok {
-                config: self.cok_config(),
-                schema: self.schema_json()?,
-            },
+            MethodName::GuText => self.cok_spec(Variant::GuText, None),
+            MethodName::GuJson => self.cok_spec(Variant::GuJson, Some(self.schema_json()?)),
+            MethodName::GmJson => self.cok_spec(Variant::GmJson, Some(self.schema_json()?)),
+            MethodName::Cok => self.cok_spec(Variant::Cok, Some(self.schema_json()?)),
             MethodName::Cos => {
                 anyhow::ensure!(
                     self.questions_per_iteration > 0,
@@ -218,6 +207,14 @@ impl MethodArgs {
             "--max-summary-tokens must be at least 1"
         );
         Ok(self.max_summary_tokens)
+    }
+
+    fn cok_spec(&self, variant: Variant, schema: Option<serde_json::Value>) -> MethodSpec {
+        MethodSpec::CokFamily {
+            variant,
+            config: self.cok_config(),
+            schema,
+        }
     }
 
     fn cok_config(&self) -> CokConfig {

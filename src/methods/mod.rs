@@ -42,24 +42,13 @@ pub enum MethodSpec {
     Detail {
         config: detail::DetailConfig,
     },
-    /// Generate-update with a prose memory (CoK paper baseline).
-    GuText {
+    /// The CoK paper's methods: generate-update (prose or JSON memory),
+    /// generate-merge, and chain-of-key revisions.
+    CokFamily {
+        variant: cok::Variant,
         config: cok::CokConfig,
-    },
-    /// Generate-update with a JSON memory (CoK paper baseline).
-    GuJson {
-        config: cok::CokConfig,
-        schema: serde_json::Value,
-    },
-    /// Generate-merge with a JSON memory (CoK paper baseline).
-    GmJson {
-        config: cok::CokConfig,
-        schema: serde_json::Value,
-    },
-    /// Chain-of-key revisions of a JSON memory.
-    Cok {
-        config: cok::CokConfig,
-        schema: serde_json::Value,
+        /// The memory schema of the JSON variants; none for gu-text.
+        schema: Option<serde_json::Value>,
     },
     Cos {
         config: cos::CosConfig,
@@ -121,60 +110,18 @@ impl MethodSpec {
             MethodSpec::Detail { config } => {
                 drive(&detail::Detail::new(config), llm, chunks, files, progress)
             }
-            MethodSpec::GuText { config } => run_cok(
-                cok::Variant::GuText,
+            MethodSpec::CokFamily {
+                variant,
                 config,
-                None,
-                llm,
-                chunks,
-                files,
-                progress,
-            ),
-            MethodSpec::GuJson { config, schema } => run_cok(
-                cok::Variant::GuJson,
-                config,
-                Some(schema),
-                llm,
-                chunks,
-                files,
-                progress,
-            ),
-            MethodSpec::GmJson { config, schema } => run_cok(
-                cok::Variant::GmJson,
-                config,
-                Some(schema),
-                llm,
-                chunks,
-                files,
-                progress,
-            ),
-            MethodSpec::Cok { config, schema } => run_cok(
-                cok::Variant::Cok,
-                config,
-                Some(schema),
-                llm,
-                chunks,
-                files,
-                progress,
-            ),
+                schema,
+            } => {
+                let schema = schema.as_ref().map(Schema::from_value).transpose()?;
+                let method = cok::Cok::new(*variant, config, schema.as_ref())?;
+                drive(&method, llm, chunks, files, progress)
+            }
             MethodSpec::Cos { config } => {
                 drive(&cos::Cos::new(config), llm, chunks, files, progress)
             }
         }
     }
-}
-
-/// Run one of the CoK paper's methods with [`drive`]; `schema` shapes a JSON memory.
-fn run_cok(
-    variant: cok::Variant,
-    config: &cok::CokConfig,
-    schema: Option<&serde_json::Value>,
-    llm: &mut dyn Llm,
-    chunks: &[Chunk],
-    files: &RunFiles,
-    progress: &mut dyn Progress,
-) -> Result<Outcome> {
-    let schema = schema.map(Schema::from_value).transpose()?;
-    let method = cok::Cok::new(variant, config, schema.as_ref())?;
-    drive(&method, llm, chunks, files, progress)
 }
