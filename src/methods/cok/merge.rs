@@ -9,7 +9,9 @@
 //! runs after each merge that met an already filled memory, as the paper
 //! removes duplicates turn by turn; a refused pass keeps the merged memory.
 
-use super::{chunk_segment, holds_nothing, memory_segments, Call, Cok, CokState, Phase, Step};
+use super::{
+    chunk_segment, holds_nothing, memory_segments, settle, Call, Cok, CokState, Phase, Step,
+};
 use crate::chunk::Chunk;
 use crate::error::Result;
 use crate::memory::Schema;
@@ -66,13 +68,12 @@ pub(super) fn dedup(cok: &Cok, llm: &mut dyn Llm, state: &mut CokState) -> Resul
         tail,
         cok.rewrite_tokens(state),
     )?;
-    match read {
-        Ok(memory) => state.memory = memory,
-        Err(reason) => {
-            state.counts.dedups_rejected += 1;
-            step.refused = Some(reason);
-        }
-    }
+    settle(
+        read,
+        &mut state.memory,
+        &mut state.counts.dedups_rejected,
+        &mut step,
+    );
     Ok(step)
 }
 

@@ -649,3 +649,20 @@ mod tests {
         assert!(!holds_nothing(&json!({"a": {"b": [0]}})));
     }
 }
+
+/// Take a rewrite that read back as a memory, or leave `memory` as it was,
+/// count the refusal in `refusals` and record its reason in `step`.
+fn settle(
+    read: std::result::Result<Value, String>,
+    memory: &mut Value,
+    refusals: &mut usize,
+    step: &mut Step,
+) {
+    match read {
+        Ok(rewritten) => *memory = rewritten,
+        Err(reason) => {
+            *refusals += 1;
+            step.refused = Some(reason);
+        }
+    }
+}

@@ -3,7 +3,7 @@
 //! not read as a memory (empty prose, JSON that does not parse or validate)
 //! is refused and counted, and the memory stays as it was.
 
-use super::{chunk_segment, memory_segments, Call, Cok, CokState, Kind, Step};
+use super::{chunk_segment, memory_segments, settle, Call, Cok, CokState, Kind, Step};
 use crate::chunk::Chunk;
 use crate::error::Result;
 use crate::methods::llm::Llm;
@@ -34,12 +34,11 @@ pub(super) fn step(
         tail,
         cok.rewrite_tokens(state),
     )?;
-    match read {
-        Ok(memory) => state.memory = memory,
-        Err(reason) => {
-            state.counts.updates_rejected += 1;
-            step.refused = Some(reason);
-        }
-    }
+    settle(
+        read,
+        &mut state.memory,
+        &mut state.counts.updates_rejected,
+        &mut step,
+    );
     Ok(step)
 }
