@@ -64,6 +64,17 @@ fn bench(model: &Path, doc: &Path, out: &Path, extra: &[&str]) -> (bool, String,
     run_prism(&args)
 }
 
+/// One question about the test document, as `prism qa generate` writes them.
+fn questions_file(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("qa.jsonl");
+    std::fs::write(
+        &path,
+        "{\"question\": \"Which word comes first?\", \"answer\": \"w2\"}\n",
+    )
+    .unwrap();
+    path
+}
+
 fn rows(out: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(out.join("results.jsonl"))
         .unwrap()
@@ -263,12 +274,7 @@ fn quality_adds_judge_scores_to_every_row() {
     std::fs::create_dir(&model).unwrap();
     tiny_chat_model(&model);
     let doc = document(dir.path());
-    let questions = dir.path().join("qa.jsonl");
-    std::fs::write(
-        &questions,
-        "{\"question\": \"Which word comes first?\", \"answer\": \"w2\"}\n",
-    )
-    .unwrap();
+    let questions = questions_file(dir.path());
     let out = dir.path().join("bench");
     let (ok, _, stderr) = bench(
         &model,
@@ -294,6 +300,54 @@ fn quality_adds_judge_scores_to_every_row() {
         assert!((0.0..=1.0).contains(&f1));
         let run_dir = out.join(row["run_dir"].as_str().unwrap());
         assert!(run_dir.join("qa.json").is_file());
+    }
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("| QA-F1 |"), "{report}");
+}
+
+/// A sweep finished without `--quality` is scored by resuming it with
+/// `--quality`: every row gains its scores and no run is done again.
+#[test]
+fn quality_on_resume_judges_runs_finished_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    tiny_chat_model(&model);
+    let doc = document(dir.path());
+    let out = dir.path().join("bench");
+    let (ok, _, stderr) = bench(&model, &doc, &out, &[]);
+    assert!(ok, "{stderr}");
+    let before = rows(&out);
+    assert!(before.iter().all(|row| row.get("coherence").is_none()));
+
+    let questions = questions_file(dir.path());
+    let judge = [
+        "--resume",
+        "--quality",
+        "--judge-model",
+        model.to_str().unwrap(),
+        "--questions",
+        questions.to_str().unwrap(),
+    ];
+    let (ok, _, stderr) = bench(&model, &doc, &out, &judge);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("0 runs to do (4 already finished)"),
+        "{stderr}"
+    );
+    let after = rows(&out);
+    assert_eq!(after.len(), before.len());
+    for (old, new) in before.iter().zip(&after) {
+        assert_eq!(old["run_dir"], new["run_dir"]);
+        assert_eq!(
+            old["wall_seconds"], new["wall_seconds"],
+            "the run was redone"
+        );
+        assert!(
+            new["coherence"].is_number() || new["coherence_error"].is_string(),
+            "{new}"
+        );
+        assert!(new["qa_f1"].is_number(), "{new}");
     }
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("| QA-F1 |"), "{report}");

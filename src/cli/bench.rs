@@ -329,7 +329,8 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
     let mut pending = Vec::new();
     for planned in &plan {
         let fingerprint = job(planned).fingerprint(engine.name());
-        if let Some(row) = finished(&rows, planned, out) {
+        if let Some(index) = finished(&rows, planned, out) {
+            let row = &rows[index];
             anyhow::ensure!(
                 row.fingerprint == fingerprint,
                 "{}: finished with other settings than this sweep's; choose another --out",
@@ -348,6 +349,32 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
         plan.len() - pending.len(),
         estimate_note(&rows, &pending, &documents),
     );
+
+    if args.quality {
+        // Runs finished by an earlier session without --quality are judged now,
+        // so a sweep can be scored after the fact without redoing it.
+        let unjudged = plan
+            .iter()
+            .filter_map(|planned| finished(&rows, planned, out))
+            .filter(|&index| !is_judged(&rows[index], questions.is_some()))
+            .collect::<Vec<_>>();
+        for index in unjudged {
+            let judge = match judge.as_mut() {
+                Some(judge) => judge,
+                None => judge.insert(load_judge(&args)?),
+            };
+            let run_dir = out.join(&rows[index].run_dir);
+            eprintln!("judging {}", run_dir.display());
+            judge_summary(
+                judge,
+                &run_dir,
+                questions.as_deref(),
+                &mut rows[index].stats,
+            )?;
+            bench.rewrite_jsonl(RESULTS, &rows)?;
+            write_reports(&bench, &rows)?;
+        }
+    }
 
     let mut bar = Bar::new(String::new());
     for (index, planned) in pending.iter().enumerate() {
@@ -438,16 +465,22 @@ fn distinct<T: PartialEq + Clone + std::fmt::Display>(values: &[T], flag: &str) 
     Ok(values.to_vec())
 }
 
-/// The row of `planned` if it has one and its run directory its stats.json.
-fn finished<'a>(rows: &'a [Row], planned: &Planned, out: &Path) -> Option<&'a Row> {
-    let row = rows
+/// The index of `planned`'s row if it has one and its run directory its stats.json.
+fn finished(rows: &[Row], planned: &Planned, out: &Path) -> Option<usize> {
+    let index = rows
         .iter()
-        .rev()
-        .find(|row| row.run_dir == planned.run_dir)?;
-    out.join(&row.run_dir)
+        .rposition(|row| row.run_dir == planned.run_dir)?;
+    out.join(&rows[index].run_dir)
         .join(RunDir::STATS)
         .is_file()
-        .then_some(row)
+        .then_some(index)
+}
+
+/// Whether `row` holds the scores --quality adds (QA-F1 only when questions
+/// are given this time).
+fn is_judged(row: &Row, with_questions: bool) -> bool {
+    let has = |key: &str| row.stats.contains_key(key);
+    (has("coherence") || has("coherence_error")) && (!with_questions || has("qa_f1"))
 }
 
 /// A rough estimate of the `pending` runs' time, as a suffix for a progress line.
