@@ -687,7 +687,7 @@ mod tests {
         }
         tokens.push("<tool_call>".to_string());
         let mut types = vec![3i32; specials.len()];
-        types.extend(std::iter::repeat(1).take(tokens.len() - specials.len() - 1));
+        types.extend(std::iter::repeat_n(1, tokens.len() - specials.len() - 1));
         types.push(4);
 
         let strings =

@@ -118,6 +118,8 @@ pub struct Stats {
 }
 
 /// How a call to [`drive`] ended.
+// One is returned per run, so the size of `Finished` costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Outcome {
     /// The method finished; the summary and stats are written.

@@ -69,6 +69,7 @@ mod tests {
     use super::*;
 
     /// Attention written out one query head at a time with explicit loops.
+    #[allow(clippy::too_many_arguments)]
     fn naive(
         q: &[f32],
         k: &[f32],

@@ -192,13 +192,13 @@ impl Config {
         if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(format!("{name} is zero"));
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(format!(
                 "{} attention heads do not divide into {} key/value heads",
                 self.heads, self.kv_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(format!("head dimension {} is odd", self.head_dim));
         }
         Ok(())

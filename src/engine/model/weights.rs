@@ -249,7 +249,7 @@ fn decode_weight(tensor: Arc<QTensor>, device: &Device) -> candle_core::Result<(
     );
     let repackable = has_fast_q8_0_kernel();
     // Q8_0 re-quantizes to itself, so widening one costs no precision.
-    let narrow_q8_0 = tensor.dtype() == GgmlDType::Q8_0 && in_dim % REPACKED_WIDTH != 0;
+    let narrow_q8_0 = tensor.dtype() == GgmlDType::Q8_0 && !in_dim.is_multiple_of(REPACKED_WIDTH);
     if !device.is_cpu() || !(slow_on_cpu || (repackable && narrow_q8_0)) {
         return Ok((QMatMul::from_arc(tensor)?, in_dim));
     }

@@ -595,6 +595,23 @@ fn preamble(kind: Kind, query: &str) -> String {
     )
 }
 
+/// Take a rewrite that read back as a memory, or leave `memory` as it was,
+/// count the refusal in `refusals` and record its reason in `step`.
+fn settle(
+    read: std::result::Result<Value, String>,
+    memory: &mut Value,
+    refusals: &mut usize,
+    step: &mut Step,
+) {
+    match read {
+        Ok(rewritten) => *memory = rewritten,
+        Err(reason) => {
+            *refusals += 1;
+            step.refused = Some(reason);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -647,22 +664,5 @@ mod tests {
     fn only_text_and_numbers_count_as_content() {
         assert!(holds_nothing(&json!({"a": {}, "b": [], "c": " "})));
         assert!(!holds_nothing(&json!({"a": {"b": [0]}})));
-    }
-}
-
-/// Take a rewrite that read back as a memory, or leave `memory` as it was,
-/// count the refusal in `refusals` and record its reason in `step`.
-fn settle(
-    read: std::result::Result<Value, String>,
-    memory: &mut Value,
-    refusals: &mut usize,
-    step: &mut Step,
-) {
-    match read {
-        Ok(rewritten) => *memory = rewritten,
-        Err(reason) => {
-            *refusals += 1;
-            step.refused = Some(reason);
-        }
     }
 }
