@@ -3,14 +3,14 @@
 //! summary is too long or cut off, merges level by level within the context,
 //! earlier summaries as context, and resume after a stop.
 
-use crate::common::{assert_one_error_line, run_prism, ScriptedLlm};
+use crate::common::{assert_one_error_line, run_prism, scripted_files, ScriptedLlm};
 use prism::chunk::{split, Chunk};
 use prism::engine::constraint::Grammar;
 use prism::methods::detail::{self, Detail, DetailConfig};
 use prism::methods::hierarchical::{self, Hierarchical, HierarchicalConfig};
 use prism::methods::incremental::{self, Incremental, IncrementalConfig, Kept};
 use prism::methods::llm::{Completion, Llm, Prompt};
-use prism::methods::run::{drive, Method, NoProgress, Outcome, RunFiles, Stats};
+use prism::methods::run::{drive, Method, NoProgress, Outcome, Stats};
 use prism::methods::MethodSpec;
 use prism::rundir::RunDir;
 
@@ -33,12 +33,7 @@ fn finish<M: Method>(
     dir: &std::path::Path,
 ) -> (String, Stats, Vec<M::Step>) {
     let run_dir = RunDir::create(dir).unwrap();
-    let files = RunFiles {
-        dir: &run_dir,
-        fingerprint: "test".into(),
-        resume: false,
-        stop_after: None,
-    };
+    let files = scripted_files(&run_dir, false, None);
     let Outcome::Finished { summary, stats } =
         drive(method, llm, chunks, &files, &mut NoProgress).unwrap()
     else {
@@ -284,12 +279,7 @@ fn hierarchical_refuses_a_level_that_cannot_shrink() {
         context_tokens,
     };
     let run_dir = RunDir::create(dir.path()).unwrap();
-    let files = RunFiles {
-        dir: &run_dir,
-        fingerprint: "test".into(),
-        resume: false,
-        stop_after: None,
-    };
+    let files = scripted_files(&run_dir, false, None);
     let err = drive(&method, &mut llm, &chunks(3), &files, &mut NoProgress).unwrap_err();
     assert!(err.to_string().contains("no two summaries"), "{err}");
 }
@@ -404,12 +394,7 @@ fn assert_resume_gives_the_same(
     let whole = tempfile::tempdir().unwrap();
     let whole_dir = RunDir::create(whole.path()).unwrap();
     let mut llm = ScriptedLlm::new(replies);
-    let straight = RunFiles {
-        dir: &whole_dir,
-        fingerprint: "test".into(),
-        resume: false,
-        stop_after: None,
-    };
+    let straight = scripted_files(&whole_dir, false, None);
     let Outcome::Finished { summary, stats } = spec
         .run(&mut llm, chunks, &straight, &mut NoProgress)
         .unwrap()
@@ -420,23 +405,13 @@ fn assert_resume_gives_the_same(
     let parted = tempfile::tempdir().unwrap();
     let parted_dir = RunDir::create(parted.path()).unwrap();
     let mut first = ScriptedLlm::new(replies);
-    let stopped = RunFiles {
-        dir: &parted_dir,
-        fingerprint: "test".into(),
-        resume: false,
-        stop_after: Some(stop_after),
-    };
+    let stopped = scripted_files(&parted_dir, false, Some(stop_after));
     let outcome = spec
         .run(&mut first, chunks, &stopped, &mut NoProgress)
         .unwrap();
     assert!(matches!(outcome, Outcome::Paused { completed } if completed == stop_after));
     let mut rest = ScriptedLlm::new(&replies[first.prompts.len()..]);
-    let resumed = RunFiles {
-        dir: &parted_dir,
-        fingerprint: "test".into(),
-        resume: true,
-        stop_after: None,
-    };
+    let resumed = scripted_files(&parted_dir, true, None);
     let Outcome::Finished {
         summary: again,
         stats: stats_again,

@@ -3,7 +3,7 @@
 //! error line.
 
 use crate::common::{assert_one_error_line, run_prism, write_tiny_model, TinyArch};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A tiny model that can chat: a chat template, and a context long enough
 /// for PRISM's prompts, which hold its schema and instructions.
@@ -24,7 +24,7 @@ fn tiny_chat_model(dir: &Path) {
     .unwrap();
 }
 
-fn document(dir: &Path) -> std::path::PathBuf {
+fn document(dir: &Path) -> PathBuf {
     let path = dir.join("doc.txt");
     let paragraphs: Vec<String> = (0..8)
         .map(|p| {
@@ -37,6 +37,18 @@ fn document(dir: &Path) -> std::path::PathBuf {
         .collect();
     std::fs::write(&path, paragraphs.join("\n\n")).unwrap();
     path
+}
+
+/// A temporary directory holding a tiny chat model and a document, and the
+/// path of a bench directory in it: (dir, model, document, bench dir).
+fn fixture() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    tiny_chat_model(&model);
+    let doc = document(dir.path());
+    let out = dir.path().join("bench");
+    (dir, model, doc, out)
 }
 
 const METHODS: &str = "prism-amendments-unconstrained,prism-in-place-no-updates-unconstrained";
@@ -65,7 +77,7 @@ fn bench(model: &Path, doc: &Path, out: &Path, extra: &[&str]) -> (bool, String,
 }
 
 /// One question about the test document, as `prism qa generate` writes them.
-fn questions_file(dir: &Path) -> std::path::PathBuf {
+fn questions_file(dir: &Path) -> PathBuf {
     let path = dir.join("qa.jsonl");
     std::fs::write(
         &path,
@@ -85,12 +97,7 @@ fn rows(out: &Path) -> Vec<serde_json::Value> {
 
 #[test]
 fn a_sweep_pauses_resumes_and_reports_every_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
-    std::fs::create_dir(&model).unwrap();
-    tiny_chat_model(&model);
-    let doc = document(dir.path());
-    let out = dir.path().join("bench");
+    let (_dir, model, doc, out) = fixture();
 
     let (success, _, stderr) = bench(&model, &doc, &out, &["--stop-after-runs", "1"]);
     assert!(success, "{stderr}");
@@ -269,13 +276,8 @@ fn prism_flags_that_names_set_are_refused() {
 /// judge's reports, and report.md the quality columns.
 #[test]
 fn quality_adds_judge_scores_to_every_row() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
-    std::fs::create_dir(&model).unwrap();
-    tiny_chat_model(&model);
-    let doc = document(dir.path());
+    let (dir, model, doc, out) = fixture();
     let questions = questions_file(dir.path());
-    let out = dir.path().join("bench");
     let (ok, _, stderr) = bench(
         &model,
         &doc,
@@ -309,12 +311,7 @@ fn quality_adds_judge_scores_to_every_row() {
 /// `--quality`: every row gains its scores and no run is done again.
 #[test]
 fn quality_on_resume_judges_runs_finished_without_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
-    std::fs::create_dir(&model).unwrap();
-    tiny_chat_model(&model);
-    let doc = document(dir.path());
-    let out = dir.path().join("bench");
+    let (dir, model, doc, out) = fixture();
     let (ok, _, stderr) = bench(&model, &doc, &out, &[]);
     assert!(ok, "{stderr}");
     let before = rows(&out);

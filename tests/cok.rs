@@ -3,7 +3,7 @@
 //! limit, the prompt layout that lets the cache work, and resuming a stopped
 //! run; then their grammars on the real model.
 
-use crate::common::{fetched_model, ScriptedLlm};
+use crate::common::{fetched_model, scripted_files, ScriptedLlm};
 use prism::chunk::{split, Chunk};
 use prism::engine::constraint::Grammar;
 use prism::engine::source::ModelSource;
@@ -12,7 +12,7 @@ use prism::memory::Schema;
 use prism::methods::cok::chain::{chain_grammar, memory_keys, parse_chain};
 use prism::methods::cok::{Call, Cok, CokConfig, Step, Variant};
 use prism::methods::revision_grammar::memory_json_schema;
-use prism::methods::run::{drive, NoProgress, Outcome, RunFiles, Stats};
+use prism::methods::run::{drive, NoProgress, Outcome, Stats};
 use prism::rundir::RunDir;
 use serde_json::{json, Value};
 use std::path::Path;
@@ -58,12 +58,7 @@ fn session(
     let method = Cok::new(variant, config, schema).unwrap();
     let mut llm = ScriptedLlm::new(replies);
     let run_dir = RunDir::create(dir).unwrap();
-    let files = RunFiles {
-        dir: &run_dir,
-        fingerprint: "test".into(),
-        resume,
-        stop_after,
-    };
+    let files = scripted_files(&run_dir, resume, stop_after);
     let outcome = drive(&method, &mut llm, &chunks(), &files, &mut NoProgress).unwrap();
     let steps = run_dir.read_jsonl("steps.jsonl").unwrap();
     Run {

@@ -3,6 +3,8 @@
 use prism::engine::cache_slots::{place, Placement, SlotView};
 use prism::engine::Usage;
 use prism::methods::llm::{Completion, Llm, Prompt};
+use prism::methods::run::RunFiles;
+use prism::rundir::RunDir;
 use std::path::PathBuf;
 
 /// Path of a model file that `scripts/setup` fetched into the models directory.
@@ -137,6 +139,17 @@ fn tiny_tokenizer_json() -> String {
 }
 
 /// The `prism` binary built for these tests.
+/// The run files of a test run in `dir` (fingerprint "test"): a fresh start or
+/// `resume`, stopping after `stop_after` units when given.
+pub fn scripted_files(dir: &RunDir, resume: bool, stop_after: Option<usize>) -> RunFiles<'_> {
+    RunFiles {
+        dir,
+        fingerprint: "test".into(),
+        resume,
+        stop_after,
+    }
+}
+
 pub fn prism() -> std::process::Command {
     std::process::Command::new(env!("CARGO_BIN_EXE_prism"))
 }

@@ -2,10 +2,10 @@
 //! the candidate chosen on validation questions, the stats, resuming, and
 //! the document's KV surviving the answer calls with two cache slots.
 
-use crate::common::ScriptedLlm;
+use crate::common::{scripted_files, ScriptedLlm};
 use prism::chunk::{split, Chunk};
 use prism::methods::cos::{split_pairs, Cos, CosConfig, Step};
-use prism::methods::run::{drive, NoProgress, Outcome, RunFiles, Stats};
+use prism::methods::run::{drive, NoProgress, Outcome, Stats};
 use prism::rundir::RunDir;
 use serde_json::json;
 
@@ -92,12 +92,7 @@ fn run(
 ) -> Outcome {
     let method = Cos::new(config);
     let run_dir = RunDir::create(dir).unwrap();
-    let files = RunFiles {
-        dir: &run_dir,
-        fingerprint: "test".into(),
-        resume,
-        stop_after,
-    };
+    let files = scripted_files(&run_dir, resume, stop_after);
     drive(&method, llm, chunks, &files, &mut NoProgress).unwrap()
 }
 

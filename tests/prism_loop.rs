@@ -2,13 +2,13 @@
 //! cache reuse of the two memory renderings, checkpoints and resume; then the
 //! token-prefix promise of amendments on the real tokenizer.
 
-use crate::common::{fetched_model, ScriptedLlm};
+use crate::common::{fetched_model, scripted_files, ScriptedLlm};
 use prism::chunk::{split, Chunk};
 use prism::engine::source::ModelSource;
 use prism::engine::{Engine, LoadOptions};
 use prism::memory::{render_revision, Schema};
 use prism::methods::prism::{MemoryMode, Prism, PrismConfig, PrismState, Step};
-use prism::methods::run::{drive, NoProgress, Outcome, RunFiles};
+use prism::methods::run::{drive, NoProgress, Outcome};
 use prism::rundir::RunDir;
 
 fn book_schema() -> Schema {
@@ -47,12 +47,7 @@ fn run_all(memory: MemoryMode, updates: bool, dir: &std::path::Path) -> (Outcome
     let method = Prism::new(&config, &schema);
     let mut llm = ScriptedLlm::new(&REPLIES);
     let run_dir = RunDir::create(dir).unwrap();
-    let files = RunFiles {
-        dir: &run_dir,
-        fingerprint: "test".into(),
-        resume: false,
-        stop_after: None,
-    };
+    let files = scripted_files(&run_dir, false, None);
     let outcome = drive(&method, &mut llm, &chunks(4), &files, &mut NoProgress).unwrap();
     let steps: Vec<Step> = run_dir.read_jsonl("steps.jsonl").unwrap();
     (outcome, steps)
@@ -152,12 +147,7 @@ fn an_interrupted_run_resumes_to_the_same_result() {
 
     let dir = tempfile::tempdir().unwrap();
     let run_dir = RunDir::create(dir.path()).unwrap();
-    let mut files = RunFiles {
-        dir: &run_dir,
-        fingerprint: "test".into(),
-        resume: false,
-        stop_after: Some(2),
-    };
+    let mut files = scripted_files(&run_dir, false, Some(2));
     let mut llm = ScriptedLlm::new(&REPLIES);
     let first = drive(&method, &mut llm, &chunks(4), &files, &mut NoProgress).unwrap();
     assert!(matches!(first, Outcome::Paused { completed: 2 }));
