@@ -25,7 +25,8 @@ pub struct Row {
     pub machine: Machine,
     /// `git rev-parse --short HEAD` of prism's source tree, or `unknown`.
     pub git_revision: String,
-    /// Whether that tree had uncommitted changes; `None` when git could not tell.
+    /// Whether that tree had uncommitted changes outside `results/`; `None` when
+    /// git could not tell.
     pub git_dirty: Option<bool>,
     /// When the run finished, UTC, as `2025-01-31T12:00:00Z`.
     pub date: String,

@@ -645,8 +645,16 @@ fn git_state() -> (String, Option<bool>) {
     };
     match git(&["rev-parse", "--short", "HEAD"]) {
         Some(revision) if !revision.is_empty() => {
-            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
-                .map(|status| !status.is_empty());
+            // Committed results change while a sweep runs; they are not the source.
+            let dirty = git(&[
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":(exclude)results",
+            ])
+            .map(|status| !status.is_empty());
             (revision, dirty)
         }
         _ => ("unknown".to_string(), None),
