@@ -349,3 +349,41 @@ fn quality_on_resume_judges_runs_finished_without_it() {
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("| QA-F1 |"), "{report}");
 }
+
+/// `detail` splits finer than the sweep's chunk size, yet its row sits with
+/// the sweep's chunk size next to the other methods.
+#[test]
+fn detail_runs_in_a_sweep_under_the_sweep_chunk_size() {
+    let (_dir, model, doc, out) = fixture();
+    let (ok, _, stderr) = run_prism(&[
+        "bench",
+        doc.to_str().unwrap(),
+        "--methods",
+        "prism-in-place-unconstrained,detail",
+        "--chunk-tokens",
+        "40",
+        "--detail",
+        "1",
+        "--min-chunk-tokens",
+        "10",
+        "--max-summary-tokens",
+        "6",
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--revision-tokens",
+        "6",
+        "--answer-tokens",
+        "6",
+        "--schema",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/book.json"),
+    ]);
+    assert!(ok, "{stderr}");
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 2);
+    let chunks = |row: &serde_json::Value| row["chunks"].as_u64().unwrap();
+    assert!(rows.iter().all(|row| row["chunk_tokens"] == 40), "{rows:?}");
+    assert_eq!(rows[1]["run_dir"], "runs/detail-40");
+    assert!(chunks(&rows[1]) > chunks(&rows[0]), "{rows:?}");
+}

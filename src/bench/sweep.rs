@@ -12,6 +12,8 @@ use serde_json::{Map, Value};
 pub struct Row {
     /// The method as `--methods` named it, e.g. `prism-amendments-no-updates`.
     pub method: String,
+    /// The sweep's `--chunk-tokens` for this run; `detail` splits finer from
+    /// it, which its `chunks` shows.
     pub chunk_tokens: usize,
     pub model: String,
     /// The document's file name.

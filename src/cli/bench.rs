@@ -224,6 +224,8 @@ const SET_BY_PRISM_NAMES: [(&str, &str); 3] = [
 struct Planned {
     method: BenchMethod,
     spec: MethodSpec,
+    /// The sweep's chunk size for this run (`detail` splits finer from it).
+    chunk_tokens: usize,
     /// Index into the split documents (one per chunk size in use).
     document: usize,
     /// `runs/<method>-<chunk tokens>`, relative to the bench directory.
@@ -318,6 +320,7 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
             plan.push(Planned {
                 method: method.clone(),
                 spec: spec.clone(),
+                chunk_tokens,
                 document,
                 run_dir: format!("{RUNS}/{name}"),
                 path: out.join(RUNS).join(name),
@@ -387,11 +390,11 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
             print!("{}", report::markdown(&rows));
             return Ok(());
         }
-        let chunk_tokens = chunk_sizes[planned.document];
         let position = plan.len() - pending.len() + index + 1;
         bar.set_prefix(format!(
-            "{} @{chunk_tokens} [run {position}/{}] ",
+            "{} @{} [run {position}/{}] ",
             planned.method.name,
+            planned.chunk_tokens,
             plan.len()
         ));
         // Each run starts cold, as it would on a freshly loaded engine.
@@ -566,7 +569,7 @@ impl SweepContext {
             .map_or(0, |elapsed| elapsed.as_secs());
         Row {
             method: planned.method.name.clone(),
-            chunk_tokens: document.chunk_tokens,
+            chunk_tokens: planned.chunk_tokens,
             model: self.model.clone(),
             document: self.document.clone(),
             document_sha256: document.sha256.clone(),
