@@ -142,7 +142,6 @@ fn the_best_validation_candidate_is_kept_and_scored_on_test() {
         "validation_questions",
         "test_questions",
         "candidate_tokens",
-        "document_tokens",
         "refine_prompt_tokens",
         "refine_reused_tokens",
         "refine_document_tokens",

@@ -39,18 +39,45 @@ pub struct Row {
     /// Fingerprint of the run's settings; a resumed sweep checks it.
     pub fingerprint: String,
     /// Every field of the run's `stats.json`, whose `method` (the method's own
-    /// label) is renamed `label` here.
+    /// label) is renamed `label` here, and any other field named like one of
+    /// the row's own gets a `stats_` prefix.
     #[serde(flatten)]
     pub stats: Map<String, Value>,
 }
 
 impl Row {
-    /// `stats` as `stats.json` holds them, with its `method` moved to `label`.
+    /// The row's own fields, which flattened stats must not repeat: a JSON
+    /// line with a key twice would not read back.
+    const FIELDS: [&'static str; 18] = [
+        "method",
+        "chunk_tokens",
+        "model",
+        "document",
+        "document_sha256",
+        "document_tokens",
+        "read_tokens",
+        "device",
+        "machine",
+        "git_revision",
+        "git_dirty",
+        "date",
+        "command",
+        "run_dir",
+        "fingerprint",
+        "label",
+        "coherence",
+        "qa_f1",
+    ];
+
+    /// `stats` as `stats.json` holds them, with its `method` moved to `label`
+    /// and any other key the row has itself (or `--quality` adds) prefixed
+    /// `stats_`.
     pub fn stats_from_json(stats: Map<String, Value>) -> Map<String, Value> {
         stats
             .into_iter()
             .map(|(key, value)| match key.as_str() {
                 "method" => ("label".to_string(), value),
+                _ if Self::FIELDS.contains(&key.as_str()) => (format!("stats_{key}"), value),
                 _ => (key, value),
             })
             .collect()
@@ -422,6 +449,33 @@ pub(crate) mod tests {
         // The label keeps its place, so CSV columns keep stats.json's order.
         let keys: Vec<&str> = stats.keys().map(String::as_str).collect();
         assert_eq!(keys, ["label", "calls", "retries"]);
+    }
+
+    #[test]
+    fn stats_named_like_row_fields_are_prefixed_and_the_row_reads_back() {
+        let stats = Row::stats_from_json(
+            json!({"document_tokens": 7, "calls": 3})
+                .as_object()
+                .unwrap()
+                .clone(),
+        );
+        let original = Row {
+            document_tokens: 9,
+            stats,
+            ..Row::default()
+        };
+        let line = serde_json::to_string(&original).unwrap();
+        let back: Row = serde_json::from_str(&line).unwrap();
+        assert_eq!(back, original);
+        assert_eq!(back.number("stats_document_tokens"), Some(7.0));
+    }
+
+    #[test]
+    fn the_row_fields_list_names_every_field_of_a_row() {
+        let value = serde_json::to_value(Row::default()).unwrap();
+        for key in value.as_object().unwrap().keys() {
+            assert!(Row::FIELDS.contains(&key.as_str()), "{key} is missing");
+        }
     }
 
     #[test]

@@ -546,7 +546,7 @@ impl<'a> Cos<'a> {
         })
     }
 
-    fn finish(&self, state: &CosState, chunks: &[Chunk]) -> Finish {
+    fn finish(&self, state: &CosState) -> Finish {
         let chosen = chosen(state);
         let summary = state.candidates.get(chosen).map_or_else(
             || state.draft.clone(),
@@ -585,14 +585,6 @@ impl<'a> Cos<'a> {
         put("chosen", chosen.into());
         put("test_f1", json!(state.test_f1));
         put("rounds", state.candidates.len().saturating_sub(1).into());
-        put(
-            "document_tokens",
-            chunks
-                .iter()
-                .map(|chunk| chunk.tokens)
-                .sum::<usize>()
-                .into(),
-        );
         put("refine_calls", state.refine.calls.into());
         put("refine_prompt_tokens", state.refine.prompt_tokens.into());
         put("refine_reused_tokens", state.refine.reused_tokens.into());
@@ -747,7 +739,7 @@ impl Method for Cos<'_> {
                 self.answer(llm, state, candidate, part, &mut calls)?
             }
             Action::Refine => self.refine(llm, state, chunks, &mut calls)?,
-            Action::Finish => return Ok(Advance::Done(self.finish(state, chunks))),
+            Action::Finish => return Ok(Advance::Done(self.finish(state))),
         };
         state.units_done += 1;
         let figures = Figures::of(&calls.usage);
