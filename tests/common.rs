@@ -186,6 +186,7 @@ pub struct ScriptedLlm {
     /// Cached sequences with the call that last used each.
     slots: Vec<(Vec<char>, usize)>,
     slot_limit: usize,
+    context_tokens: usize,
 }
 
 impl ScriptedLlm {
@@ -203,7 +204,14 @@ impl ScriptedLlm {
             prompts: Vec::new(),
             slots: vec![(Vec::new(), 0)],
             slot_limit: slots.max(1),
+            context_tokens: 1_000_000,
         }
+    }
+
+    /// Report a context of `tokens` (characters) to the method under test.
+    pub fn with_context(mut self, tokens: usize) -> Self {
+        self.context_tokens = tokens;
+        self
     }
 
     fn chars(prompt: &Prompt) -> Vec<char> {
@@ -276,6 +284,6 @@ impl Llm for ScriptedLlm {
     }
 
     fn context_tokens(&self) -> usize {
-        1_000_000
+        self.context_tokens
     }
 }

@@ -7,6 +7,7 @@ use prism::chunk::{split, Chunk};
 use prism::engine::source::ModelSource;
 use prism::engine::{Engine, LoadOptions};
 use prism::memory::{render_revision, Schema};
+use prism::methods::llm::Llm;
 use prism::methods::prism::{MemoryMode, Prism, PrismConfig, PrismState, Step};
 use prism::methods::run::{drive, NoProgress, Outcome};
 use prism::rundir::RunDir;
@@ -42,15 +43,25 @@ const REPLIES: [&str; 5] = [
 ];
 
 fn run_all(memory: MemoryMode, updates: bool, dir: &std::path::Path) -> (Outcome, Vec<Step>) {
+    let (outcome, steps, _) = run_scripted(memory, updates, ScriptedLlm::new(&REPLIES), dir);
+    (outcome, steps)
+}
+
+/// Run the four chunks against `llm`; also hands back the model and its prompts.
+fn run_scripted(
+    memory: MemoryMode,
+    updates: bool,
+    mut llm: ScriptedLlm,
+    dir: &std::path::Path,
+) -> (Outcome, Vec<Step>, ScriptedLlm) {
     let schema = book_schema();
     let config = config(memory, updates);
     let method = Prism::new(&config, &schema);
-    let mut llm = ScriptedLlm::new(&REPLIES);
     let run_dir = RunDir::create(dir).unwrap();
     let files = scripted_files(&run_dir, false, None);
     let outcome = drive(&method, &mut llm, &chunks(4), &files, &mut NoProgress).unwrap();
     let steps: Vec<Step> = run_dir.read_jsonl("steps.jsonl").unwrap();
-    (outcome, steps)
+    (outcome, steps, llm)
 }
 
 #[test]
@@ -127,6 +138,42 @@ fn amendments_reuse_more_of_the_prompt_than_in_place() {
         amendments > in_place,
         "amendments {amendments} vs in place {in_place}"
     );
+}
+
+/// When the amendments would push a prompt past the context, they are folded
+/// into one object: the run goes on, with the same memory and answer.
+#[test]
+fn amendments_that_outgrow_the_context_are_folded_into_the_memory() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let roomy = ScriptedLlm::new(&REPLIES);
+    let (_, roomy_steps, roomy) = run_scripted(MemoryMode::Amendments, true, roomy, a.path());
+    assert!(roomy_steps.iter().all(|step| !step.consolidated));
+    // Room for every prompt but the last chunk's, which carries three revision lines.
+    let sizes: Vec<usize> = roomy
+        .prompts
+        .iter()
+        .map(|prompt| roomy.prompt_tokens(prompt).unwrap())
+        .collect();
+    assert!(sizes[..3].iter().all(|&size| size < sizes[3]), "{sizes:?}");
+    let context = sizes[3] - 1 + config(MemoryMode::Amendments, true).revision_tokens;
+    let tight = ScriptedLlm::new(&REPLIES).with_context(context);
+
+    let (outcome, steps, tight) = run_scripted(MemoryMode::Amendments, true, tight, b.path());
+    let Outcome::Finished { summary, stats } = outcome else {
+        panic!("the run should finish")
+    };
+    assert_eq!(summary, REPLIES[4]);
+    assert_eq!(stats.extra["consolidations"], 1);
+    let consolidated: Vec<bool> = steps.iter().map(|step| step.consolidated).collect();
+    assert_eq!(consolidated, [false, false, false, true]);
+    let last = tight.prompts[3].segments.concat();
+    assert!(tight.prompt_tokens(&tight.prompts[3]).unwrap() < sizes[3]);
+    for revision in steps.iter().flat_map(|step| &step.applied) {
+        assert!(!last.contains(render_revision(revision).trim()), "{last}");
+    }
+    assert!(last.contains("The ship sails north into ice."), "{last}");
+    let memory = |dir: &std::path::Path| std::fs::read_to_string(dir.join("memory.json")).unwrap();
+    assert_eq!(memory(a.path()), memory(b.path()));
 }
 
 #[test]

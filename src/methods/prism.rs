@@ -7,6 +7,8 @@
 //! cache as the memory rendering allows. With amendments the memory is the
 //! first-written object followed by every accepted revision, so a new revision
 //! only appends text; in place, the object is rewritten where it changed.
+//! When the amendments grow so long that the next prompt would not fit the
+//! context, they are folded into one object and appending starts again.
 
 use super::llm::{Llm, Prompt};
 use super::revision_grammar::revision_grammar;
@@ -72,6 +74,10 @@ pub struct Step {
     pub output_tokens: usize,
     pub applied: Vec<Revision>,
     pub rejected: Vec<Refused>,
+    /// The amendments were folded into one object before this step's prompt,
+    /// because appending to them would no longer fit the context.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub consolidated: bool,
     /// What the model wrote, verbatim.
     pub output: String,
     pub seconds: f64,
@@ -88,6 +94,9 @@ pub struct PrismState {
     pub chunks_read: usize,
     pub revisions_applied: usize,
     pub revisions_rejected: usize,
+    /// Times the amendments were folded into their base to make room.
+    #[serde(default)]
+    pub consolidations: usize,
 }
 
 impl PrismState {
@@ -99,6 +108,7 @@ impl PrismState {
             chunks_read: 0,
             revisions_applied: 0,
             revisions_rejected: 0,
+            consolidations: 0,
         }
     }
 }
@@ -188,6 +198,9 @@ impl<'a> Prism<'a> {
         chunks: usize,
     ) -> Result<Step> {
         let start = Instant::now();
+        let consolidated = self.make_room(llm, state, self.config.revision_tokens, |state| {
+            self.revision_prompt(state, chunk, chunks)
+        })?;
         let prompt = self.revision_prompt(state, chunk, chunks);
         let grammar = self.config.constrained.then(|| {
             Grammar::Lark(revision_grammar(
@@ -211,9 +224,33 @@ impl<'a> Prism<'a> {
             output_tokens: figures.output_tokens,
             applied,
             rejected,
+            consolidated,
             output: completion.text,
             seconds: start.elapsed().as_secs_f64(),
         })
+    }
+
+    /// Amendments only grow. When the prompt `prompt_of` builds, plus `budget`
+    /// tokens to generate, would not fit the context, fold the revisions into
+    /// the base: the memory is encoded afresh once, shorter, and amending goes
+    /// on from there. Returns whether it folded. An in-place memory has nothing
+    /// to fold; a prompt that still does not fit is refused by the model call.
+    fn make_room(
+        &self,
+        llm: &dyn Llm,
+        state: &mut PrismState,
+        budget: usize,
+        prompt_of: impl Fn(&PrismState) -> Prompt,
+    ) -> Result<bool> {
+        if self.config.memory != MemoryMode::Amendments || state.amendments.revisions.is_empty() {
+            return Ok(false);
+        }
+        if llm.prompt_tokens(&prompt_of(state))? + budget <= llm.context_tokens() {
+            return Ok(false);
+        }
+        state.amendments = Amendments::new(state.memory.clone());
+        state.consolidations += 1;
+        Ok(true)
     }
 
     /// Parse `output` and apply each revision that checks out, in order.
@@ -227,7 +264,10 @@ impl<'a> Prism<'a> {
     }
 
     /// Ask for the final answer from the memory.
-    pub fn answer(&self, llm: &mut dyn Llm, state: &PrismState) -> Result<String> {
+    pub fn answer(&self, llm: &mut dyn Llm, state: &mut PrismState) -> Result<String> {
+        self.make_room(llm, state, self.config.answer_tokens, |state| {
+            self.answer_prompt(state)
+        })?;
         let prompt = self.answer_prompt(state);
         let completion = llm.complete(&prompt, self.config.answer_tokens, None)?;
         Ok(completion.text.trim().to_string())
@@ -385,6 +425,7 @@ impl Method for Prism<'_> {
         let mut stats = serde_json::Map::new();
         stats.insert("revisions_applied".into(), state.revisions_applied.into());
         stats.insert("revisions_rejected".into(), state.revisions_rejected.into());
+        stats.insert("consolidations".into(), state.consolidations.into());
         Ok(Advance::Done(Finish {
             summary,
             files: vec![(RunDir::MEMORY, state.memory.clone())],
