@@ -54,13 +54,25 @@ fn fixture() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
 const METHODS: &str = "prism-amendments-unconstrained,prism-in-place-no-updates-unconstrained";
 
 fn bench(model: &Path, doc: &Path, out: &Path, extra: &[&str]) -> (bool, String, String) {
+    bench_of(METHODS, "20,40", model, doc, out, extra)
+}
+
+/// `prism bench` of `methods` at `chunk_tokens` with small token budgets.
+fn bench_of(
+    methods: &str,
+    chunk_tokens: &str,
+    model: &Path,
+    doc: &Path,
+    out: &Path,
+    extra: &[&str],
+) -> (bool, String, String) {
     let mut args = vec![
         "bench",
         doc.to_str().unwrap(),
         "--methods",
-        METHODS,
+        methods,
         "--chunk-tokens",
-        "20,40",
+        chunk_tokens,
         "--model",
         model.to_str().unwrap(),
         "--out",
@@ -355,30 +367,21 @@ fn quality_on_resume_judges_runs_finished_without_it() {
 #[test]
 fn detail_runs_in_a_sweep_under_the_sweep_chunk_size() {
     let (_dir, model, doc, out) = fixture();
-    let (ok, _, stderr) = run_prism(&[
-        "bench",
-        doc.to_str().unwrap(),
-        "--methods",
+    let (ok, _, stderr) = bench_of(
         "prism-in-place-unconstrained,detail",
-        "--chunk-tokens",
         "40",
-        "--detail",
-        "1",
-        "--min-chunk-tokens",
-        "10",
-        "--max-summary-tokens",
-        "6",
-        "--model",
-        model.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--revision-tokens",
-        "6",
-        "--answer-tokens",
-        "6",
-        "--schema",
-        concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/book.json"),
-    ]);
+        &model,
+        &doc,
+        &out,
+        &[
+            "--detail",
+            "1",
+            "--min-chunk-tokens",
+            "10",
+            "--max-summary-tokens",
+            "6",
+        ],
+    );
     assert!(ok, "{stderr}");
     let rows = rows(&out);
     assert_eq!(rows.len(), 2);
