@@ -362,10 +362,7 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
             .filter(|&index| !is_judged(&rows[index], questions.is_some()))
             .collect::<Vec<_>>();
         for index in unjudged {
-            let judge = match judge.as_mut() {
-                Some(judge) => judge,
-                None => judge.insert(load_judge(&args)?),
-            };
+            let judge = loaded_judge(&mut judge, &args)?;
             let run_dir = out.join(&rows[index].run_dir);
             eprintln!("judging {}", run_dir.display());
             judge_summary(
@@ -407,10 +404,7 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
         let stats = serde_json::from_value(serde_json::to_value(&stats)?)?;
         let mut stats = Row::stats_from_json(stats);
         if args.quality {
-            let judge = match judge.as_mut() {
-                Some(judge) => judge,
-                None => judge.insert(load_judge(&args)?),
-            };
+            let judge = loaded_judge(&mut judge, &args)?;
             bar.set_prefix(format!("judging {} ", planned.method.name));
             judge_summary(judge, job.out, questions.as_deref(), &mut stats)?;
         }
@@ -585,6 +579,14 @@ impl SweepContext {
             fingerprint,
             stats,
         }
+    }
+}
+
+/// The judge of `--quality`, loaded the first time it is needed.
+fn loaded_judge<'a>(judge: &'a mut Option<Engine>, args: &SweepArgs) -> Result<&'a mut Engine> {
+    match judge {
+        Some(judge) => Ok(judge),
+        None => Ok(judge.insert(load_judge(args)?)),
     }
 }
 

@@ -198,10 +198,10 @@ impl<'a> Prism<'a> {
         chunks: usize,
     ) -> Result<Step> {
         let start = Instant::now();
-        let consolidated = self.make_room(llm, state, self.config.revision_tokens, |state| {
-            self.revision_prompt(state, chunk, chunks)
-        })?;
-        let prompt = self.revision_prompt(state, chunk, chunks);
+        let (prompt, consolidated) =
+            self.prompt_that_fits(llm, state, self.config.revision_tokens, |state| {
+                self.revision_prompt(state, chunk, chunks)
+            })?;
         let grammar = self.config.constrained.then(|| {
             Grammar::Lark(revision_grammar(
                 self.schema,
@@ -230,27 +230,29 @@ impl<'a> Prism<'a> {
         })
     }
 
-    /// Amendments only grow. When the prompt `prompt_of` builds, plus `budget`
-    /// tokens to generate, would not fit the context, fold the revisions into
-    /// the base: the memory is encoded afresh once, shorter, and amending goes
-    /// on from there. Returns whether it folded. An in-place memory has nothing
-    /// to fold; a prompt that still does not fit is refused by the model call.
-    fn make_room(
+    /// The prompt `prompt_of` builds, and whether the amendments were folded
+    /// to make it fit. Amendments only grow: when the prompt plus `budget`
+    /// tokens to generate would not fit the context, the revisions are folded
+    /// into the base (the memory is encoded afresh once, shorter) and amending
+    /// goes on from there. An in-place memory has nothing to fold; a prompt that
+    /// still does not fit is refused by the model call.
+    fn prompt_that_fits(
         &self,
         llm: &dyn Llm,
         state: &mut PrismState,
         budget: usize,
         prompt_of: impl Fn(&PrismState) -> Prompt,
-    ) -> Result<bool> {
-        if self.config.memory != MemoryMode::Amendments || state.amendments.revisions.is_empty() {
-            return Ok(false);
-        }
-        if llm.prompt_tokens(&prompt_of(state))? + budget <= llm.context_tokens() {
-            return Ok(false);
+    ) -> Result<(Prompt, bool)> {
+        let prompt = prompt_of(state);
+        if self.config.memory != MemoryMode::Amendments
+            || state.amendments.revisions.is_empty()
+            || llm.prompt_tokens(&prompt)? + budget <= llm.context_tokens()
+        {
+            return Ok((prompt, false));
         }
         state.amendments = Amendments::new(state.memory.clone());
         state.consolidations += 1;
-        Ok(true)
+        Ok((prompt_of(state), true))
     }
 
     /// Parse `output` and apply each revision that checks out, in order.
@@ -265,10 +267,10 @@ impl<'a> Prism<'a> {
 
     /// Ask for the final answer from the memory.
     pub fn answer(&self, llm: &mut dyn Llm, state: &mut PrismState) -> Result<String> {
-        self.make_room(llm, state, self.config.answer_tokens, |state| {
-            self.answer_prompt(state)
-        })?;
-        let prompt = self.answer_prompt(state);
+        let (prompt, _) =
+            self.prompt_that_fits(llm, state, self.config.answer_tokens, |state| {
+                self.answer_prompt(state)
+            })?;
         let completion = llm.complete(&prompt, self.config.answer_tokens, None)?;
         Ok(completion.text.trim().to_string())
     }
