@@ -271,34 +271,88 @@ fn csv_field(text: &str) -> String {
     }
 }
 
-/// A run the sweep has yet to do: its method and the tokens it will read.
+/// A run the sweep has yet to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pending {
     pub method: String,
+    pub chunk_tokens: usize,
+    /// Tokens of the chunks it will read.
     pub read_tokens: usize,
+    pub chunks: usize,
+    /// Steps an earlier session of the run already took (0 for a new run).
+    pub steps_done: usize,
 }
 
-/// Rough seconds the `pending` runs will take, from the wall time per token
-/// read of the finished `rows`: of the same method where there is one, of
-/// all methods otherwise. `None` before any run has finished: speed depends
-/// too much on how much each method writes to guess it from the model alone.
+/// A finished run's wall time split by what it grows with: seconds per token
+/// read (prefill, at the run's measured prefill rate) and seconds per chunk
+/// (decoding and the rest: each chunk's step writes about as much whatever
+/// the chunk's size, so small chunks cost more per token).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Pace {
+    per_token: f64,
+    per_chunk: f64,
+}
+
+impl Pace {
+    fn of(row: &Row) -> Option<Pace> {
+        let wall = row.number("wall_seconds")?;
+        let chunks = row.number("chunks").filter(|&chunks| chunks > 0.0)?;
+        if row.read_tokens == 0 {
+            return None;
+        }
+        let prefill = match (
+            row.number("net_tokens"),
+            row.number("prefill_tokens_per_second"),
+        ) {
+            (Some(net), Some(rate)) if rate > 0.0 => (net / rate).min(wall),
+            _ => 0.0,
+        };
+        Some(Pace {
+            per_token: prefill / row.read_tokens as f64,
+            per_chunk: (wall - prefill) / chunks,
+        })
+    }
+
+    fn mean(paces: &[Pace]) -> Option<Pace> {
+        let count = paces.len() as f64;
+        (!paces.is_empty()).then(|| Pace {
+            per_token: paces.iter().map(|pace| pace.per_token).sum::<f64>() / count,
+            per_chunk: paces.iter().map(|pace| pace.per_chunk).sum::<f64>() / count,
+        })
+    }
+
+    /// Seconds `run` has left at this pace; a step counts as a chunk read.
+    fn seconds(self, run: &Pending) -> f64 {
+        let chunks = run.chunks.max(1) as f64;
+        let left = 1.0 - (run.steps_done as f64 / chunks).min(1.0);
+        left * (self.per_token * run.read_tokens as f64 + self.per_chunk * chunks)
+    }
+}
+
+/// Rough seconds the `pending` runs will take. Each is paced like the
+/// finished run of its method nearest its chunk size or, for a method with
+/// none yet, like the mean of all finished runs. `None` before any run has
+/// finished: speed depends too much on how much each method writes to guess
+/// it from the model alone.
 pub fn estimate_seconds(rows: &[Row], pending: &[Pending]) -> Option<f64> {
-    let rate = |rows: &mut dyn Iterator<Item = &Row>| {
-        let (seconds, tokens) = rows
-            .filter(|row| row.read_tokens > 0)
-            .filter_map(|row| Some((row.number("wall_seconds")?, row.read_tokens)))
-            .fold((0.0, 0usize), |(s, t), (seconds, tokens)| {
-                (s + seconds, t + tokens)
-            });
-        (tokens > 0).then(|| seconds / tokens as f64)
-    };
-    let overall = rate(&mut rows.iter())?;
+    let paced: Vec<(&Row, Pace)> = rows
+        .iter()
+        .filter_map(|row| Some((row, Pace::of(row)?)))
+        .collect();
+    let overall = Pace::mean(&paced.iter().map(|(_, pace)| *pace).collect::<Vec<_>>())?;
+    let size_gap = |a: usize, b: usize| (a.max(1) as f64 / b.max(1) as f64).ln().abs();
     Some(
         pending
             .iter()
             .map(|run| {
-                let own = rate(&mut rows.iter().filter(|row| row.method == run.method));
-                own.unwrap_or(overall) * run.read_tokens as f64
+                let nearest = paced
+                    .iter()
+                    .filter(|(row, _)| row.method == run.method)
+                    .min_by(|(a, _), (b, _)| {
+                        size_gap(a.chunk_tokens, run.chunk_tokens)
+                            .total_cmp(&size_gap(b.chunk_tokens, run.chunk_tokens))
+                    });
+                nearest.map_or(overall, |(_, pace)| *pace).seconds(run)
             })
             .sum(),
     )
@@ -543,22 +597,55 @@ pub(crate) mod tests {
         assert_eq!(find(&rows, "a", 500).unwrap().number("calls"), Some(2.0));
     }
 
-    #[test]
-    fn estimates_use_the_same_method_first() {
-        let rows = [
-            row("slow", 500, json!({"wall_seconds": 100.0})),
-            row("fast", 500, json!({"wall_seconds": 10.0})),
-        ];
-        let pending = |method: &str| Pending {
+    fn pending(method: &str, chunk_tokens: usize, chunks: usize) -> Pending {
+        Pending {
             method: method.into(),
+            chunk_tokens,
             read_tokens: 2000,
+            chunks,
+            steps_done: 0,
+        }
+    }
+
+    #[test]
+    fn estimates_scale_prefill_with_tokens_and_the_rest_with_chunks() {
+        // 1000 tokens read in 4 chunks: 20 s of prefill (2000 net at 100/s), 80 s the rest.
+        let rows = [row(
+            "a",
+            250,
+            json!({"wall_seconds": 100.0, "chunks": 4, "net_tokens": 2000, "prefill_tokens_per_second": 100.0}),
+        )];
+        // Twice the tokens in twice the chunks: twice the time.
+        let seconds = estimate_seconds(&rows, &[pending("a", 250, 8)]).unwrap();
+        assert!((seconds - 200.0).abs() < 1e-9);
+        // Twice the tokens in one chunk: 40 s of prefill, 20 s for the chunk.
+        let seconds = estimate_seconds(&rows, &[pending("a", 2000, 1)]).unwrap();
+        assert!((seconds - 60.0).abs() < 1e-9);
+        // Half of it done by an earlier session.
+        let half_done = Pending {
+            steps_done: 4,
+            ..pending("a", 250, 8)
         };
-        // slow: 0.1 s per token read; fast 0.01; unknown methods get the mean, 0.055.
-        let seconds = estimate_seconds(&rows, &[pending("slow"), pending("fast")]).unwrap();
-        assert!((seconds - 220.0).abs() < 1e-9);
-        let seconds = estimate_seconds(&rows, &[pending("new")]).unwrap();
-        assert!((seconds - 110.0).abs() < 1e-9);
-        assert_eq!(estimate_seconds(&[], &[pending("new")]), None);
+        let seconds = estimate_seconds(&rows, &[half_done]).unwrap();
+        assert!((seconds - 100.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn estimates_use_the_same_method_at_the_nearest_chunk_size() {
+        let rows = [
+            row("slow", 500, json!({"wall_seconds": 100.0, "chunks": 2})),
+            row("slow", 4000, json!({"wall_seconds": 300.0, "chunks": 2})),
+            row("fast", 500, json!({"wall_seconds": 10.0, "chunks": 2})),
+        ];
+        // No prefill rate: all of the time counts per chunk (slow at 500: 50 s, at 4000: 150 s).
+        let seconds = estimate_seconds(&rows, &[pending("slow", 1000, 2)]).unwrap();
+        assert!((seconds - 100.0).abs() < 1e-9);
+        let seconds = estimate_seconds(&rows, &[pending("slow", 3000, 2)]).unwrap();
+        assert!((seconds - 300.0).abs() < 1e-9);
+        // A method with no run yet gets the mean pace: (50 + 150 + 5) / 3 per chunk.
+        let seconds = estimate_seconds(&rows, &[pending("new", 500, 3)]).unwrap();
+        assert!((seconds - 205.0).abs() < 1e-9);
+        assert_eq!(estimate_seconds(&[], &[pending("new", 500, 1)]), None);
     }
 
     #[test]

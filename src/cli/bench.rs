@@ -17,7 +17,8 @@ use prism::methods::run::Outcome;
 use prism::methods::MethodSpec;
 use prism::quality::coherence::{score_coherence, CoherenceConfig};
 use prism::quality::qa::{score_summary, QaPair};
-use prism::rundir::RunDir;
+use prism::rundir::{Checkpoint, RunDir};
+use serde::de::IgnoredAny;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -487,22 +488,34 @@ fn estimate_note(rows: &[Row], pending: &[&Planned], documents: &[Document]) -> 
     }
     let pending: Vec<Pending> = pending
         .iter()
-        .map(|planned| Pending {
-            method: planned.method.name.clone(),
-            read_tokens: documents[planned.document]
-                .chunks
-                .iter()
-                .map(|chunk| chunk.tokens)
-                .sum(),
+        .map(|planned| {
+            let chunks = &documents[planned.document].chunks;
+            Pending {
+                method: planned.method.name.clone(),
+                chunk_tokens: planned.chunk_tokens,
+                read_tokens: chunks.iter().map(|chunk| chunk.tokens).sum(),
+                chunks: chunks.len(),
+                steps_done: steps_done(&planned.path),
+            }
         })
         .collect();
     match estimate_seconds(rows, &pending) {
         Some(seconds) => format!(
-            "; the rest may take roughly {} (a rough estimate from the finished runs' time per token)",
+            "; the rest may take roughly {} (paced by the finished runs)",
             duration(seconds)
         ),
         None => "; a rough time estimate follows the first finished run".to_string(),
     }
+}
+
+/// Steps an earlier session of the run in `run_dir` completed, for the time
+/// estimate only: 0 when it has no checkpoint or one that cannot be read (the
+/// run itself reports that when it starts).
+fn steps_done(run_dir: &Path) -> usize {
+    std::fs::read(run_dir.join(RunDir::CHECKPOINT))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<Checkpoint<IgnoredAny>>(&bytes).ok())
+        .map_or(0, |checkpoint| checkpoint.completed_steps)
 }
 
 fn duration(seconds: f64) -> String {
