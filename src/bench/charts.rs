@@ -6,9 +6,19 @@ use super::sweep::{Metric, Series};
 use crate::error::{Error, Result};
 use plotters::coord::ranged1d::{KeyPointHint, NoDefaultFormatting, Ranged, ValueFormatter};
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::ops::Range;
 
-const SIZE: (u32, u32) = (800, 500);
+/// The plot's own size; the legend gets a column of its own to the right,
+/// so it can never hide a point.
+const PLOT_SIZE: (u32, u32) = (760, 500);
+/// Legend text size, and the width of one character of it as a font-less
+/// layout has to guess it (generous: sans-serif averages about 0.55 em).
+const LEGEND_FONT: u32 = 13;
+const LEGEND_CHAR_WIDTH: u32 = 8;
+/// Left of the text: a sample of the line.
+const LEGEND_SAMPLE: u32 = 36;
+const LEGEND_ROW: i32 = 22;
 
 /// Line colours that stay distinct on white and for most colour-blind
 /// readers (Okabe and Ito's palette, yellow left out); repeated past seven methods.
@@ -59,13 +69,28 @@ fn draw(
         }
     };
 
-    let root = SVGBackend::with_string(text, SIZE).into_drawing_area();
+    let lines: Vec<(&Series, RGBColor)> = series
+        .iter()
+        .filter(|line| !line.points.is_empty())
+        .enumerate()
+        .map(|(index, line)| (line, COLORS[index % COLORS.len()]))
+        .collect();
+    let longest_name = lines
+        .iter()
+        .map(|(line, _)| line.method.chars().count() as u32)
+        .max()
+        .unwrap_or(0);
+    let legend_width = LEGEND_SAMPLE + LEGEND_CHAR_WIDTH * longest_name + 16;
+
+    let size = (PLOT_SIZE.0 + legend_width, PLOT_SIZE.1);
+    let root = SVGBackend::with_string(text, size).into_drawing_area();
     root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("{} by chunk size", metric.title()),
-            ("sans-serif", 22),
-        )
+    let root = root.titled(
+        &format!("{} by chunk size", metric.title()),
+        ("sans-serif", 22),
+    )?;
+    let (plot_area, legend_area) = root.split_horizontally(PLOT_SIZE.0);
+    let mut chart = ChartBuilder::on(&plot_area)
         .margin(16)
         .x_label_area_size(44)
         .y_label_area_size(72)
@@ -83,38 +108,33 @@ fn draw(
         .y_label_formatter(&y_label)
         .draw()?;
 
-    for (index, line) in series
-        .iter()
-        .filter(|line| !line.points.is_empty())
-        .enumerate()
-    {
-        let color = COLORS[index % COLORS.len()];
+    for (row, (line, color)) in lines.iter().enumerate() {
         let points: Vec<(f64, f64)> = line
             .points
             .iter()
             .map(|&(size, value)| (ChunkAxis::position(size), value))
             .collect();
-        chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
-            // plotters sizes the legend box by a font-less width estimate
-            // that comes out short; two trailing spaces, which SVG viewers
-            // drop, widen the box to fit.
-            .label(format!("{}  ", line.method))
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
+        chart.draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?;
         chart.draw_series(
             points
                 .into_iter()
                 .map(|point| Circle::new(point, 4, color.filled())),
         )?;
+
+        let y = 16 + LEGEND_ROW * row as i32;
+        let sample = LEGEND_SAMPLE as i32 - 12;
+        legend_area.draw(&PathElement::new(
+            vec![(0, y), (sample, y)],
+            color.stroke_width(2),
+        ))?;
+        let font = TextStyle::from(("sans-serif", LEGEND_FONT).into_font())
+            .pos(Pos::new(HPos::Left, VPos::Center));
+        legend_area.draw(&Text::new(
+            line.method.clone(),
+            (LEGEND_SAMPLE as i32, y),
+            font,
+        ))?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()?;
     root.present()?;
     Ok(())
 }
@@ -221,6 +241,52 @@ mod tests {
             !texts.contains(&"b"),
             "a method without values gets no legend entry"
         );
+    }
+
+    /// The `x` attribute of the `<text>` element that reads `content`.
+    fn text_x(svg: &str, content: &str) -> Option<f64> {
+        svg.split("<text").skip(1).find_map(|element| {
+            let (attributes, rest) = element.split_once('>')?;
+            if rest.split_once("</text>")?.0.trim() != content {
+                return None;
+            }
+            let (_, after) = attributes.split_once("x=\"")?;
+            after.split_once('"')?.0.parse().ok()
+        })
+    }
+
+    #[test]
+    fn the_legend_stands_right_of_every_point() {
+        // A point in the top right corner, where a legend inside the plot would sit.
+        let series = [
+            line(
+                "prism-amendments-no-updates-unconstrained",
+                &[(500, 0.01), (4000, 0.09)],
+            ),
+            line("incremental", &[(4000, 0.0867)]),
+        ];
+        let svg = svg(Metric::CostIndex, &series).unwrap();
+        let rightmost_point = svg
+            .split("<circle")
+            .skip(1)
+            .filter_map(|element| {
+                element
+                    .split_once("cx=\"")?
+                    .1
+                    .split_once('"')?
+                    .0
+                    .parse::<f64>()
+                    .ok()
+            })
+            .fold(0.0, f64::max);
+        assert!(rightmost_point > 0.0, "{svg}");
+        for name in ["prism-amendments-no-updates-unconstrained", "incremental"] {
+            let x = text_x(&svg, name).unwrap_or_else(|| panic!("no legend entry {name}"));
+            assert!(
+                x > f64::from(PLOT_SIZE.0) && x > rightmost_point,
+                "{name} at {x}"
+            );
+        }
     }
 
     #[test]
