@@ -1,6 +1,8 @@
 //! The command line on bad input: one clear error line, a non-zero exit, no panic.
 
-use crate::common::{assert_one_error_line, run_prism, write_tiny_model, TinyArch, TINY_CONTEXT};
+use crate::common::{
+    assert_one_error_line, prism, run_prism, write_tiny_model, TinyArch, TINY_CONTEXT,
+};
 
 #[test]
 fn a_missing_model_file_is_one_error_line() {
@@ -196,6 +198,48 @@ fn summarize_refuses_chunks_larger_than_the_context() {
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"));
+}
+
+#[test]
+fn summarize_finds_a_shipped_schema_by_name_outside_the_checkout() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), TinyArch::Llama, 3);
+    std::fs::write(dir.path().join("doc.txt"), "w2 w3 w4.\n\nw5 w6.\n").unwrap();
+    for schema in [None, Some("entity")] {
+        let mut command = prism();
+        command.current_dir(dir.path()).args([
+            "summarize",
+            "doc.txt",
+            "--model",
+            ".",
+            "--out",
+            "run",
+            "--chunk-tokens",
+            "20",
+            "--revision-tokens",
+            "16",
+            "--answer-tokens",
+            "16",
+            "--stop-after-chunks",
+            "0",
+        ]);
+        command.args(schema.map(|name| ["--schema", name]).iter().flatten());
+        let output = command.output().expect("prism runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{schema:?}: {stderr}");
+        std::fs::remove_dir_all(dir.path().join("run")).unwrap();
+    }
+}
+
+#[test]
+fn summarize_names_the_shipped_schemas_when_the_schema_is_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let doc = dir.path().join("doc.txt");
+    std::fs::write(&doc, "w2 w3 w4.\n").unwrap();
+    assert_one_error_line(
+        &summarize_with_tiny_model(&doc, &["--schema", "novel"]),
+        "schema novel: no such file, nor a schema prism ships (book, cok-book, code, entity, sql)",
+    );
 }
 
 #[test]

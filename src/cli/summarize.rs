@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use prism::chunk::Chunk;
 use prism::engine::sampling::SamplingConfig;
 use prism::engine::{Engine, GenerateOptions};
-use prism::memory::Schema;
+use prism::memory::{shipped, Schema};
 use prism::methods::cok::{CokConfig, Variant};
 use prism::methods::cos::CosConfig;
 use prism::methods::detail::DetailConfig;
@@ -81,8 +81,9 @@ pub struct MethodArgs {
     /// prism: allow `add` revisions only (the paper's "without updates" ablation).
     #[arg(long)]
     pub no_updates: bool,
-    /// prism, gu-json, gm-json, cok: the memory schema (a JSON Schema file).
-    #[arg(long, default_value = "schemas/book.json")]
+    /// prism, gu-json, gm-json, cok: the memory schema: a JSON Schema file, or
+    /// a schema prism ships by name (book, cok-book, code, entity, sql).
+    #[arg(long, default_value = "book")]
     pub schema: PathBuf,
     /// prism, cok: the most tokens one revision step may write; gm-json: the most a chunk's own memory may have; gu-text, gu-json, gm-json: how far a rewrite of the memory may outgrow it.
     #[arg(long, default_value_t = 512)]
@@ -227,13 +228,27 @@ impl MethodArgs {
         }
     }
 
+    /// The `--schema` file's contents or, when no such file exists, the
+    /// shipped schema of that name; checked as `summarize` will use it.
     fn schema_json(&self) -> Result<serde_json::Value> {
         let path = &self.schema;
-        let json: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(path)
-                .with_context(|| format!("reading schema {}", path.display()))?,
-        )
-        .with_context(|| format!("{}: not JSON", path.display()))?;
+        let shipped = path.to_str().and_then(shipped::text);
+        let text = match (std::fs::read_to_string(path), shipped) {
+            (Ok(text), _) => text,
+            (Err(err), Some(text)) if err.kind() == std::io::ErrorKind::NotFound => {
+                text.to_string()
+            }
+            (Err(err), None) if err.kind() == std::io::ErrorKind::NotFound => anyhow::bail!(
+                "schema {}: no such file, nor a schema prism ships ({})",
+                path.display(),
+                shipped::ALL.map(|(name, _)| name).join(", ")
+            ),
+            (Err(err), _) => {
+                return Err(err).with_context(|| format!("reading schema {}", path.display()))
+            }
+        };
+        let json: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
         Schema::from_value(&json).with_context(|| format!("schema {}", path.display()))?;
         Ok(json)
     }

@@ -7,6 +7,7 @@
 //! - [`revision`] applies one revision to a memory, or says why not.
 //! - [`render`] turns a memory (in place, or as amendments) into prompt text.
 //! - [`parse`] reads revisions out of raw model output.
+//! - [`shipped`] holds the schemas of `schemas/`, compiled in.
 //!
 //! Nothing here does I/O apart from [`Schema::from_file`].
 
@@ -15,6 +16,7 @@ pub mod path;
 pub mod render;
 pub mod revision;
 pub mod schema;
+pub mod shipped;
 
 pub use parse::{parse_memory, parse_revisions, ParsedMemory};
 pub use path::{JsonPath, PathError, Segment};

@@ -14,7 +14,7 @@ use super::llm::{Llm, Prompt};
 use crate::engine::constraint::Grammar;
 use crate::error::{Error, Result};
 use crate::memory::render::to_line;
-use crate::memory::Schema;
+use crate::memory::{shipped, Schema};
 use crate::metrics::{Figures, Ledger};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -82,35 +82,35 @@ const SHOTS: &[Shot] = &[
         keywords: &["book", "books", "novel", "novels", "story", "stories", "narrative", "fiction", "chapter", "chapters", "plot"],
         domain: "Summarizing long narrative books. Each document is the next part of the book; the story may jump in time or between points of view.",
         example_query: "Summarize the book: the main events in order, the main characters and what drives them, the setting and the themes.",
-        schema: include_str!("../../schemas/book.json"),
+        schema: shipped::BOOK,
     },
     Shot {
         family: "code",
         keywords: &["code", "function", "functions", "program", "programs", "repository", "software"],
         domain: "Finding a function in a code repository from a description of what it does. Each document is a piece of the source files.",
         example_query: "Find the exact name of the function that takes a list of paths and a pattern, and returns the paths whose file names match the pattern, sorted.",
-        schema: include_str!("../../schemas/code.json"),
+        schema: shipped::CODE,
     },
     Shot {
         family: "entity",
         keywords: &["product", "products", "hotel", "hotels", "review", "reviews", "entity", "entities"],
         domain: "Describing one entity, such as a product, a hotel or a person, from the many web pages and reviews that mention it.",
         example_query: "Describe the Harbor View Hotel: its attributes and what guests say about each.",
-        schema: include_str!("../../schemas/entity.json"),
+        schema: shipped::ENTITY,
     },
     Shot {
         family: "tables",
         keywords: &["sql", "table", "tables", "database", "databases", "row", "rows", "column", "columns"],
         domain: "Answering questions over database tables given as text. Each document holds some rows of one or more tables.",
         example_query: "How many singers are older than 40?",
-        schema: include_str!("../../schemas/sql.json"),
+        schema: shipped::SQL,
     },
     Shot {
         family: "narrative",
         keywords: &["book", "books", "novel", "novels", "story", "stories", "narrative", "fiction", "chapter", "chapters", "plot"],
         domain: "Summarizing a novel into fixed sections: characters, events, background, motivations and objectives.",
         example_query: "Summarize the story: who the characters are, what happens to them and why.",
-        schema: include_str!("../../schemas/cok-book.json"),
+        schema: shipped::COK_BOOK,
     },
 ];
 
