@@ -111,14 +111,23 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
         .into_iter()
         .filter(|(key, _)| rows.iter().any(|row| row.number(key).is_some()))
         .collect();
+    // Wall times of runs on different thread counts do not compare; say which is which.
+    let mut thread_counts: Vec<usize> = rows.iter().map(|row| row.machine.engine_threads).collect();
+    thread_counts.sort_unstable();
+    thread_counts.dedup();
+    let threads_vary = thread_counts.len() > 1;
     out.push_str(
-        "| Method | Cache hit (%) | Total (×10³) | Net (×10³) | Output (×10³) | Cost index | Wall (s) | Calls | Summary tokens |",
+        "| Method | Cache hit (%) | Total (×10³) | Net (×10³) | Output (×10³) | Cost index | Wall (s) |",
     );
+    if threads_vary {
+        out.push_str(" Threads |");
+    }
+    out.push_str(" Calls | Summary tokens |");
     for (_, title) in &quality {
         let _ = write!(out, " {title} |");
     }
     out.push_str("\n|---|--:|--:|--:|--:|--:|--:|--:|--:|");
-    out.push_str(&"--:|".repeat(quality.len()));
+    out.push_str(&"--:|".repeat(quality.len() + usize::from(threads_vary)));
     out.push('\n');
     for method in methods(rows) {
         let Some(row) = find(rows, method, chunk_tokens) else {
@@ -127,13 +136,20 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
         let thousands = |key: &str| cell(row.number(key).map(|n| n / 1000.0), 1);
         let _ = write!(
             out,
-            "| {method} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {method} | {} | {} | {} | {} | {} | {} |",
             cell(row.metric(Metric::CacheHit), 1),
             thousands("prompt_tokens"),
             thousands("net_tokens"),
             thousands("output_tokens"),
             cell(row.metric(Metric::CostIndex), 4),
             cell(row.number("wall_seconds"), 0),
+        );
+        if threads_vary {
+            let _ = write!(out, " {} |", row.machine.engine_threads);
+        }
+        let _ = write!(
+            out,
+            " {} | {} |",
             cell(row.number("calls"), 0),
             cell(row.number("summary_tokens"), 0),
         );
@@ -271,6 +287,28 @@ mod tests {
         // A method without a run at a chunk size has no row in that table.
         let table = &report[at_500..at_1000];
         assert!(!table.contains("prism-in-place"));
+    }
+
+    #[test]
+    fn runs_on_different_thread_counts_get_a_threads_column() {
+        let report = markdown(&rows());
+        assert!(!report.contains("Threads"), "one thread count: no column");
+        let mut mixed = rows();
+        mixed[0].machine.engine_threads = 2;
+        mixed[1].machine.engine_threads = 1;
+        mixed[2].machine.engine_threads = 1;
+        let report = markdown(&mixed);
+        assert!(
+            report.contains("| Wall (s) | Threads | Calls |"),
+            "{report}"
+        );
+        assert!(
+            report.contains(
+                "| prism-amendments | 69.0 | 5.6 | 1.7 | 0.5 | 0.0031 | 12 | 2 | 6 | 210 |"
+            ),
+            "{report}"
+        );
+        assert!(report.contains("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"));
     }
 
     #[test]
