@@ -313,14 +313,6 @@ impl Pace {
         })
     }
 
-    fn mean(paces: &[Pace]) -> Option<Pace> {
-        let count = paces.len() as f64;
-        (!paces.is_empty()).then(|| Pace {
-            per_token: paces.iter().map(|pace| pace.per_token).sum::<f64>() / count,
-            per_chunk: paces.iter().map(|pace| pace.per_chunk).sum::<f64>() / count,
-        })
-    }
-
     /// Seconds `run` has left at this pace; a step counts as a chunk read.
     fn seconds(self, run: &Pending) -> f64 {
         let chunks = run.chunks.max(1) as f64;
@@ -329,36 +321,49 @@ impl Pace {
     }
 }
 
-/// Rough seconds the `pending` runs will take. Each is paced like the
-/// finished run of its method nearest its chunk size or, for a method with
-/// none yet, like the mean of all finished runs. `None` before any run has
-/// finished: speed depends too much on how much each method writes to guess
-/// it from the model alone.
-pub fn estimate_seconds(rows: &[Row], pending: &[Pending]) -> Option<f64> {
+/// A rough forecast of the time a sweep's pending runs will take.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Estimate {
+    /// Seconds for the pending runs of methods with a finished run.
+    pub seconds: f64,
+    /// Methods with pending runs but no finished run to pace them by, in
+    /// pending order. Methods differ too much in how much they decode (an
+    /// incremental step can write thirty times what a PRISM step does) for
+    /// one method's pace to stand for another's.
+    pub unpaced_methods: Vec<String>,
+}
+
+/// Forecasts the `pending` runs: each is paced like the finished run of its
+/// method nearest its chunk size.
+pub fn estimate(rows: &[Row], pending: &[Pending]) -> Estimate {
     let paced: Vec<(&Row, Pace)> = rows
         .iter()
         .filter_map(|row| Some((row, Pace::of(row)?)))
         .collect();
-    let overall = Pace::mean(&paced.iter().map(|(_, pace)| *pace).collect::<Vec<_>>())?;
     let size_gap = |a: usize, b: usize| (a.max(1) as f64 / b.max(1) as f64).ln().abs();
-    Some(
-        pending
+    let mut estimate = Estimate {
+        seconds: 0.0,
+        unpaced_methods: Vec::new(),
+    };
+    for run in pending {
+        let nearest = paced
             .iter()
-            .map(|run| {
-                let nearest = paced
-                    .iter()
-                    .filter(|(row, _)| row.method == run.method)
-                    .min_by(|(a, _), (b, _)| {
-                        size_gap(a.chunk_tokens, run.chunk_tokens)
-                            .total_cmp(&size_gap(b.chunk_tokens, run.chunk_tokens))
-                    });
-                nearest.map_or(overall, |(_, pace)| *pace).seconds(run)
-            })
-            .sum(),
-    )
+            .filter(|(row, _)| row.method == run.method)
+            .min_by(|(a, _), (b, _)| {
+                size_gap(a.chunk_tokens, run.chunk_tokens)
+                    .total_cmp(&size_gap(b.chunk_tokens, run.chunk_tokens))
+            });
+        match nearest {
+            Some((_, pace)) => estimate.seconds += pace.seconds(run),
+            None if !estimate.unpaced_methods.contains(&run.method) => {
+                estimate.unpaced_methods.push(run.method.clone())
+            }
+            None => {}
+        }
+    }
+    estimate
 }
 
-/// `seconds` since the Unix epoch as a UTC timestamp, `2025-01-31T12:00:00Z`.
 pub fn utc_timestamp(seconds: u64) -> String {
     let days = (seconds / 86_400) as i64;
     let of_day = seconds % 86_400;
@@ -616,17 +621,17 @@ pub(crate) mod tests {
             json!({"wall_seconds": 100.0, "chunks": 4, "net_tokens": 2000, "prefill_tokens_per_second": 100.0}),
         )];
         // Twice the tokens in twice the chunks: twice the time.
-        let seconds = estimate_seconds(&rows, &[pending("a", 250, 8)]).unwrap();
+        let seconds = estimate(&rows, &[pending("a", 250, 8)]).seconds;
         assert!((seconds - 200.0).abs() < 1e-9);
         // Twice the tokens in one chunk: 40 s of prefill, 20 s for the chunk.
-        let seconds = estimate_seconds(&rows, &[pending("a", 2000, 1)]).unwrap();
+        let seconds = estimate(&rows, &[pending("a", 2000, 1)]).seconds;
         assert!((seconds - 60.0).abs() < 1e-9);
         // Half of it done by an earlier session.
         let half_done = Pending {
             steps_done: 4,
             ..pending("a", 250, 8)
         };
-        let seconds = estimate_seconds(&rows, &[half_done]).unwrap();
+        let seconds = estimate(&rows, &[half_done]).seconds;
         assert!((seconds - 100.0).abs() < 1e-9);
     }
 
@@ -638,14 +643,27 @@ pub(crate) mod tests {
             row("fast", 500, json!({"wall_seconds": 10.0, "chunks": 2})),
         ];
         // No prefill rate: all of the time counts per chunk (slow at 500: 50 s, at 4000: 150 s).
-        let seconds = estimate_seconds(&rows, &[pending("slow", 1000, 2)]).unwrap();
+        let seconds = estimate(&rows, &[pending("slow", 1000, 2)]).seconds;
         assert!((seconds - 100.0).abs() < 1e-9);
-        let seconds = estimate_seconds(&rows, &[pending("slow", 3000, 2)]).unwrap();
+        let seconds = estimate(&rows, &[pending("slow", 3000, 2)]).seconds;
         assert!((seconds - 300.0).abs() < 1e-9);
-        // A method with no run yet gets the mean pace: (50 + 150 + 5) / 3 per chunk.
-        let seconds = estimate_seconds(&rows, &[pending("new", 500, 3)]).unwrap();
-        assert!((seconds - 205.0).abs() < 1e-9);
-        assert_eq!(estimate_seconds(&[], &[pending("new", 500, 1)]), None);
+    }
+
+    #[test]
+    fn methods_with_no_finished_run_are_named_instead_of_guessed() {
+        let rows = [row("fast", 500, json!({"wall_seconds": 10.0, "chunks": 2}))];
+        let runs = [
+            pending("new", 500, 3),
+            pending("fast", 500, 2),
+            pending("new", 1000, 3),
+            pending("other", 500, 1),
+        ];
+        let forecast = estimate(&rows, &runs);
+        assert!((forecast.seconds - 10.0).abs() < 1e-9);
+        assert_eq!(forecast.unpaced_methods, ["new", "other"]);
+        let forecast = estimate(&[], &[pending("new", 500, 1)]);
+        assert_eq!(forecast.seconds, 0.0);
+        assert_eq!(forecast.unpaced_methods, ["new"]);
     }
 
     #[test]

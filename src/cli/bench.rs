@@ -8,7 +8,7 @@ use super::{EngineArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Subcommand, ValueEnum};
-use prism::bench::sweep::{self, estimate_seconds, Machine, Metric, Pending, Row};
+use prism::bench::sweep::{self, Machine, Metric, Pending, Row};
 use prism::bench::{charts, report};
 use prism::engine::sampling::SamplingConfig;
 use prism::engine::{Engine, GenerateOptions, LoadOptions};
@@ -499,12 +499,21 @@ fn estimate_note(rows: &[Row], pending: &[&Planned], documents: &[Document]) -> 
             }
         })
         .collect();
-    match estimate_seconds(rows, &pending) {
-        Some(seconds) => format!(
+    let forecast = sweep::estimate(rows, &pending);
+    let unpaced = forecast.unpaced_methods.join(", ");
+    match (forecast.unpaced_methods.is_empty(), forecast.seconds > 0.0) {
+        (true, _) => format!(
             "; the rest may take roughly {} (paced by the finished runs)",
-            duration(seconds)
+            duration(forecast.seconds)
         ),
-        None => "; a rough time estimate follows the first finished run".to_string(),
+        (false, true) => format!(
+            "; the rest may take roughly {} plus the runs of {unpaced}, \
+             which get an estimate after their first finished run",
+            duration(forecast.seconds)
+        ),
+        (false, false) => {
+            "; a rough time estimate follows each method's first finished run".to_string()
+        }
     }
 }
 
