@@ -1,6 +1,7 @@
 //! A sweep's `report.md`: where it ran, one table per chunk size laid out
 //! like the PRISM paper's Table 3 (methods as rows: cache hit, tokens, cost
-//! index), and one table per metric across chunk sizes like its Figure 5.
+//! index), and, when the sweep has several chunk sizes, one table per metric
+//! across them like its Figure 5.
 
 use super::sweep::{chunk_sizes, find, methods, Metric, Row};
 use std::fmt::Write;
@@ -23,10 +24,15 @@ pub fn markdown(rows: &[Row]) -> String {
          cache hit = reused / total. Cost index = (net + 3 × output) / 10⁶, as the PRISM paper \
          weighs encoding against decoding. Wall time includes every session of a resumed run.\n\n",
     );
-    for size in chunk_sizes(rows) {
+    let sizes = chunk_sizes(rows);
+    for &size in &sizes {
         let _ = writeln!(out, "## Chunks of {size} tokens\n");
         table_at_chunk_size(&mut out, rows, size);
         out.push('\n');
+    }
+    // With one chunk size these tables would only repeat the one above.
+    if sizes.len() < 2 {
+        return out;
     }
     let _ = writeln!(out, "## Across chunk sizes\n");
     for metric in Metric::ALL {
@@ -320,6 +326,13 @@ mod tests {
         assert!(hit.contains("| prism-in-place | – | 49.0 |"));
         assert!(report.contains("### Net prompt tokens encoded (×10³)"));
         assert!(report.contains("### Cost index"));
+    }
+
+    #[test]
+    fn one_chunk_size_gets_no_tables_across_chunk_sizes() {
+        let report = markdown(&rows()[..2]);
+        assert!(report.contains("## Chunks of 1000 tokens"));
+        assert!(!report.contains("## Across chunk sizes"), "{report}");
     }
 
     #[test]
