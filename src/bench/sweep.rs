@@ -364,6 +364,7 @@ pub fn estimate(rows: &[Row], pending: &[Pending]) -> Estimate {
     estimate
 }
 
+/// `seconds` since the Unix epoch as a UTC timestamp, `2025-01-31T12:00:00Z`.
 pub fn utc_timestamp(seconds: u64) -> String {
     let days = (seconds / 86_400) as i64;
     let of_day = seconds % 86_400;
