@@ -109,11 +109,30 @@ fn incremental_compresses_a_summary_too_long_or_cut_off() {
     assert_eq!(steps[1].compressions.len(), 2);
     assert_eq!(steps[1].kept, Kept::Compression(1));
     assert_eq!(steps[2].kept, Kept::Compression(0));
-    // Compression sees the update's summary, and the next update the compressed one.
-    assert!(llm.prompts[2].segments[1].contains(long));
+    // Compression sees the update's summary as the budget left it, and the
+    // next update the compressed one.
+    let cut_off: String = long.chars().take(60).collect();
+    assert!(llm.prompts[2].segments[1].contains(&format!("{cut_off}\n")));
     assert!(llm.prompts[4].segments[1].contains("the crew is uneasy."));
     // Each try asks for fewer words, so a greedy model does not answer the same.
     assert_ne!(llm.prompts[2].segments[2], llm.prompts[3].segments[2]);
+}
+
+#[test]
+fn incremental_compresses_a_reply_stopped_by_the_budget_even_on_a_full_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = incremental_config(60);
+    let method = Incremental::new(&config);
+    // The budget stops this reply after its first sentence and three newlines:
+    // trimmed, it counts 57 tokens and ends a sentence, yet it was cut off.
+    let rambling = "The ship sails north into the ice and the crew is uneasy.\n\n\nThe ship";
+    let mut llm = ScriptedLlm::new(&[rambling, "The ship is in the ice."]);
+    let (summary, stats, steps) = finish(&method, &mut llm, &chunks(1), dir.path());
+    let steps: Vec<incremental::Step> = steps;
+    assert_eq!(steps[0].update.output_tokens, 60);
+    assert_eq!(stats.extra["compressions"], 1);
+    assert_eq!(steps[0].kept, Kept::Compression(0));
+    assert_eq!(summary, "The ship is in the ice.");
 }
 
 #[test]

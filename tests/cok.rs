@@ -24,7 +24,7 @@ fn book_schema() -> Schema {
 fn config(memory_token_limit: Option<usize>) -> CokConfig {
     CokConfig {
         query: "Summarize the story.".into(),
-        step_tokens: 256,
+        step_tokens: 512,
         answer_tokens: 256,
         memory_token_limit,
         constrained: false,
@@ -274,10 +274,13 @@ fn cok_applies_checked_revisions_and_records_the_key_chain() {
 #[test]
 fn a_memory_over_the_limit_is_compressed_and_a_bad_compression_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let long = "The ship sails north past the cape while the crew grows uneasy.";
+    // 40 characters, 41 tokens rendered: one over the limit.
+    let long = "The ship sails north past the cape today";
     let replies = [
         "Short note.",
         long,
+        // Cut off at the 40-token limit, it renders as long as the memory it
+        // was to shorten.
         "The ship sails north past the cape while the whole crew grows very uneasy.",
         "Ship north; crew uneasy.",
         "Ship north; crew uneasy; mast lost.",

@@ -252,15 +252,16 @@ impl Llm for ScriptedLlm {
     fn complete(
         &mut self,
         prompt: &Prompt,
-        _max_tokens: usize,
+        max_tokens: usize,
         _grammar: Option<&prism::engine::constraint::Grammar>,
     ) -> prism::Result<Completion> {
         let chars = Self::chars(prompt);
         let (slot, reused) = self.take_slot(&chars);
-        let text = self
+        // Like the engine, stop at the budget: a longer reply is cut off.
+        let text: String = self
             .replies
             .get(self.prompts.len())
-            .cloned()
+            .map(|reply| reply.chars().take(max_tokens).collect())
             .unwrap_or_default();
         self.prompts.push(prompt.clone());
         self.slots[slot] = (chars.clone(), self.prompts.len());

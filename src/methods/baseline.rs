@@ -54,6 +54,12 @@ impl Call {
         })
     }
 
+    /// The call generated all the tokens it was allowed, so the model was
+    /// likely stopped by the budget rather than finishing on its own.
+    pub fn filled_budget(&self) -> bool {
+        self.output_tokens >= self.max_tokens
+    }
+
     /// The summary the call wrote, without surrounding whitespace.
     pub fn summary(&self) -> &str {
         self.output.trim()

@@ -130,7 +130,7 @@ impl<'a> Incremental<'a> {
             self.update_prompt(&state.summary, chunk, chunks)
         };
         let update = Call::run(llm, &prompt, budget)?;
-        let mut best = Judged::of(llm, update.summary(), budget)?;
+        let mut best = Judged::of_call(llm, &update, budget)?;
         let mut kept = Kept::Update;
         let mut compressions = Vec::new();
         if best.blank && state.chunks_read > 0 {
@@ -141,7 +141,7 @@ impl<'a> Incremental<'a> {
             while !best.fits() && !best.blank && compressions.len() < MAX_COMPRESSIONS {
                 let attempt = compressions.len();
                 let call = Call::run(llm, &self.compression_prompt(&source, attempt), budget)?;
-                let judged = Judged::of(llm, call.summary(), budget)?;
+                let judged = Judged::of_call(llm, &call, budget)?;
                 if judged.rank() < best.rank() {
                     best = judged;
                     kept = Kept::Compression(attempt);
@@ -177,7 +177,7 @@ struct Judged {
     text: String,
     tokens: usize,
     blank: bool,
-    /// It filled its whole budget, so it was likely cut short by it.
+    /// It is as long as its whole budget, so it was likely cut short by it.
     too_long: bool,
     mid_sentence: bool,
 }
@@ -192,6 +192,15 @@ impl Judged {
             too_long: tokens >= budget,
             mid_sentence: ends_mid_sentence(text),
         })
+    }
+
+    /// Judge what `call` wrote. Its summary is trimmed, so a reply cut off by
+    /// the budget can count a few tokens under it once its trailing
+    /// whitespace is gone; the call itself says whether it was stopped.
+    fn of_call(llm: &dyn Llm, call: &Call, budget: usize) -> Result<Self> {
+        let mut judged = Judged::of(llm, call.summary(), budget)?;
+        judged.too_long |= call.filled_budget();
+        Ok(judged)
     }
 
     fn fits(&self) -> bool {
