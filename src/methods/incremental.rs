@@ -177,7 +177,8 @@ struct Judged {
     text: String,
     tokens: usize,
     blank: bool,
-    /// It is as long as its whole budget, so it was likely cut short by it.
+    /// It is as long as its budget, or its call decoded the whole budget: it
+    /// was likely cut short.
     too_long: bool,
     mid_sentence: bool,
 }
