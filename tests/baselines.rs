@@ -1,7 +1,8 @@
-//! The summarizing baselines (incremental, hierarchical, detail) against a
-//! scripted model: calls and steps counted, compression when the running
-//! summary is too long or cut off, merges level by level within the context,
-//! earlier summaries as context, and resume after a stop.
+//! The summarizing baselines (incremental, hierarchical, detail, whole)
+//! against a scripted model: calls and steps counted, compression when the
+//! running summary is too long or cut off, merges level by level within the
+//! context, earlier summaries as context, the whole document in one call or a
+//! clear refusal, the degeneration figures of stats.json, and resume after a stop.
 
 use crate::common::{assert_one_error_line, run_prism, scripted_files, ScriptedLlm};
 use prism::chunk::{split, Chunk};
@@ -11,6 +12,7 @@ use prism::methods::hierarchical::{self, Hierarchical, HierarchicalConfig};
 use prism::methods::incremental::{self, Incremental, IncrementalConfig, Kept};
 use prism::methods::llm::{Completion, Llm, Prompt};
 use prism::methods::run::{drive, Method, NoProgress, Outcome, Stats};
+use prism::methods::whole::{Whole, WholeConfig};
 use prism::methods::MethodSpec;
 use prism::rundir::RunDir;
 
@@ -493,4 +495,128 @@ fn detail_resumes_to_the_same_summary() {
     };
     let replies = ["One.", "Two.", "Three."];
     assert_resume_gives_the_same(spec, &chunks(3), &replies, 1);
+}
+
+fn whole_config(answer_tokens: usize) -> WholeConfig {
+    WholeConfig {
+        query: QUERY.into(),
+        answer_tokens,
+    }
+}
+
+#[test]
+fn whole_summarizes_every_chunk_in_one_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = whole_config(900);
+    let chunks = chunks(3);
+    let mut llm = ScriptedLlm::new(&["  The ship sails north with its crew.\n"]);
+    let (summary, stats, steps) = finish(&Whole::new(&config), &mut llm, &chunks, dir.path());
+    let steps: Vec<prism::methods::whole::Step> = steps;
+    assert_eq!(summary, "The ship sails north with its crew.");
+    assert_eq!((stats.calls, stats.steps, stats.chunks), (1, 1, 3));
+    assert_eq!(stats.method, "whole");
+    assert_eq!(llm.prompts.len(), 1);
+    // The chunks in order, a blank line between two, then the query.
+    let document: Vec<&str> = chunks.iter().map(|chunk| chunk.text.trim()).collect();
+    let prompt = llm.prompts[0].segments.join("");
+    let at = prompt.find(&document.join("\n\n")).expect("the whole text");
+    assert!(prompt[at..].contains(QUERY), "{prompt}");
+    assert_eq!((steps[0].chunks, steps[0].call.max_tokens), (3, 900));
+}
+
+#[test]
+fn whole_refuses_a_document_over_the_context_and_writes_no_summary() {
+    let config = whole_config(50);
+    let chunks = chunks(3);
+    // Tokens are characters here: one more than the context holds.
+    let needed = ScriptedLlm::new(&[])
+        .prompt_tokens(&Whole::new(&config).prompt(&chunks))
+        .unwrap()
+        + 50;
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = RunDir::create(dir.path()).unwrap();
+    let mut llm = ScriptedLlm::new(&["Too late."]).with_context(needed - 1);
+    let files = scripted_files(&run_dir, false, None);
+    let err = drive(
+        &Whole::new(&config),
+        &mut llm,
+        &chunks,
+        &files,
+        &mut NoProgress,
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "whole: the whole document is {} tokens with the prompt; with 50 to generate it does not fit the model's context of {} tokens: use a chunked method",
+            needed - 50,
+            needed - 1
+        )
+    );
+    assert!(llm.prompts.is_empty(), "no call is made");
+    assert!(!dir.path().join("summary.txt").exists());
+    assert!(!dir.path().join("stats.json").exists());
+    // Exactly full is enough.
+    let fits = tempfile::tempdir().unwrap();
+    let mut llm = ScriptedLlm::new(&["Just in time."]).with_context(needed);
+    let (summary, _, _) = finish(&Whole::new(&config), &mut llm, &chunks, fits.path());
+    assert_eq!(summary, "Just in time.");
+}
+
+#[test]
+fn stats_json_reports_repeats_echoes_and_sampling() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = whole_config(900);
+    // The first sentence is the system line word for word; the second is the
+    // summary's own, said twice.
+    let reply = "You write clear, faithful summaries of documents. The ship sails north today. The ship sails north today.";
+    let mut llm = ScriptedLlm::new(&[reply]);
+    let (_, stats, _) = finish(&Whole::new(&config), &mut llm, &chunks(2), dir.path());
+    assert!(
+        (stats.echo_share - 1.0 / 3.0).abs() < 1e-12,
+        "{}",
+        stats.echo_share
+    );
+    // 17 words, 14 4-grams, of which "the ship sails north" and "ship sails
+    // north today" occur twice each: 4 of 14 repeated.
+    assert!(
+        (stats.repeated_ngram_share - 4.0 / 14.0).abs() < 1e-12,
+        "{}",
+        stats.repeated_ngram_share
+    );
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("stats.json")).unwrap())
+            .unwrap();
+    assert_eq!(saved["echo_share"], stats.echo_share);
+    assert_eq!(saved["repeated_ngram_share"], stats.repeated_ngram_share);
+    assert_eq!(saved["sampling"]["temperature"], 0.0);
+}
+
+#[test]
+fn every_baseline_names_its_prompt_texts() {
+    let incremental = incremental_config(900);
+    let hierarchical = hierarchical_config(900);
+    let detail = detail_config(0.0, true);
+    let whole = whole_config(900);
+    let templates = [
+        Incremental::new(&incremental).template_texts(),
+        Hierarchical::new(&hierarchical, 1_000_000).template_texts(),
+        Detail::new(&detail).template_texts(),
+        Whole::new(&whole).template_texts(),
+    ];
+    for texts in &templates {
+        assert!(texts.iter().any(|text| text.contains(QUERY)), "{texts:?}");
+        assert!(texts.iter().all(|text| !text.trim().is_empty()));
+    }
+    // Incremental's update and compression instructions are among them.
+    assert!(templates[0]
+        .iter()
+        .any(|text| text.contains("Rewrite the summary so that it also covers the next part")));
+    assert!(templates[0]
+        .iter()
+        .any(|text| text.contains("Rewrite the summary below so that it is shorter")));
+    // Recursive detail's heading over the earlier summaries.
+    assert!(templates[2]
+        .iter()
+        .any(|text| text.contains("Summaries of the parts before it")));
 }

@@ -175,9 +175,12 @@ fn a_sweep_pauses_resumes_and_reports_every_run() {
             "cost_index",
             "calls",
             "wall_seconds",
+            "repeated_ngram_share",
+            "echo_share",
         ] {
             assert!(row.get(key).is_some(), "row lacks {key}: {row}");
         }
+        assert!(row["sampling"]["temperature"].is_number(), "{row}");
         assert!(row["document_tokens"].as_u64().unwrap() >= row["read_tokens"].as_u64().unwrap());
         let run_dir = out.join(row["run_dir"].as_str().unwrap());
         assert!(run_dir.join("stats.json").is_file() && run_dir.join("summary.txt").is_file());
@@ -211,6 +214,8 @@ fn a_sweep_pauses_resumes_and_reports_every_run() {
         "## Chunks of 20 tokens",
         "## Chunks of 40 tokens",
         "| prism-in-place-no-updates-unconstrained |",
+        "| Rep. 4-gram (%) | Echo (%) |",
+        "\nSampling: greedy,",
         "### Cache hit (%)\n\n| Method | 20 | 40 |",
     ] {
         assert!(
@@ -245,6 +250,23 @@ fn a_sweep_pauses_resumes_and_reports_every_run() {
     assert!(success, "{stderr}");
     assert_eq!(stdout, report);
     assert!(out.join("cache_hit.svg").is_file());
+}
+
+/// `whole` is a method bench accepts: one call over the whole document.
+#[test]
+fn whole_runs_in_a_sweep_as_one_call() {
+    let (_dir, model, doc, out) = fixture();
+    let (success, _, stderr) = bench_of("whole", "20", &model, &doc, &out, &[]);
+    assert!(success, "{stderr}");
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["method"], "whole");
+    assert_eq!(rows[0]["label"], "whole");
+    assert_eq!(rows[0]["calls"], 1);
+    assert!(
+        rows[0]["chunks"].as_u64().unwrap() > 1,
+        "the document spans chunks"
+    );
 }
 
 #[test]

@@ -17,6 +17,22 @@ fn a_missing_model_file_is_one_error_line() {
 }
 
 #[test]
+fn a_bad_repetition_setting_is_one_error_line() {
+    let result = run_prism(&[
+        "generate",
+        "--model",
+        "/nonexistent/model.gguf",
+        "--prompt",
+        "hi",
+        "--dry-multiplier",
+        "0.8",
+        "--dry-base",
+        "1",
+    ]);
+    assert_one_error_line(&result, "--dry-base");
+}
+
+#[test]
 fn a_corrupt_gguf_is_one_error_line() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("corrupt.gguf");
@@ -238,7 +254,7 @@ fn summarize_names_the_shipped_schemas_when_the_schema_is_unknown() {
     std::fs::write(&doc, "w2 w3 w4.\n").unwrap();
     assert_one_error_line(
         &summarize_with_tiny_model(&doc, &["--schema", "novel"]),
-        "schema novel: no such file, nor a schema prism ships (book, cok-book, code, entity, sql)",
+        "schema novel: no such file, nor a schema prism ships (book, cok-book, code, entity, sql, summary)",
     );
 }
 

@@ -19,6 +19,48 @@ pub fn fetched_model(file_name: &str) -> PathBuf {
     path
 }
 
+/// A tiny random model (see [`write_tiny_model`]) in `dir` whose tokenizer
+/// knows exactly `words` after `<s>` (id 0) and `</s>` (id 1), loaded.
+pub fn tiny_engine_with_words(
+    dir: &std::path::Path,
+    seed: u64,
+    words: impl IntoIterator<Item = String>,
+    name: &str,
+) -> prism::engine::Engine {
+    write_tiny_model(dir, TinyArch::Llama, seed);
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("<s>".into(), 0.into());
+    vocab.insert("</s>".into(), 1.into());
+    for word in words {
+        let id = vocab.len();
+        vocab.insert(word, id.into());
+    }
+    assert_eq!(vocab.len(), TINY_VOCAB);
+    let special = |id: u32, content: &str| {
+        serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true})
+    };
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [special(0, "<s>"), special(1, "</s>")],
+        "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": {"type": "Fuse"},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+            "vocab": vocab, "merges": []}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"bos_token": "<s>", "eos_token": "</s>"}"#,
+    )
+    .unwrap();
+    let source = prism::engine::source::ModelSource::HfDir {
+        dir: dir.to_path_buf(),
+        name: name.into(),
+    };
+    prism::engine::Engine::load(&source, &prism::engine::LoadOptions::default()).unwrap()
+}
+
 /// Which tiny model to write.
 #[derive(Debug, Clone, Copy)]
 pub enum TinyArch {
@@ -138,18 +180,20 @@ fn tiny_tokenizer_json() -> String {
     .to_string()
 }
 
-/// The `prism` binary built for these tests.
-/// The run files of a test run in `dir` (fingerprint "test"): a fresh start or
-/// `resume`, stopping after `stop_after` units when given.
+/// The run files of a test run in `dir` (fingerprint "test", default
+/// sampling): a fresh start or `resume`, stopping after `stop_after` units
+/// when given.
 pub fn scripted_files(dir: &RunDir, resume: bool, stop_after: Option<usize>) -> RunFiles<'_> {
     RunFiles {
         dir,
         fingerprint: "test".into(),
         resume,
         stop_after,
+        sampling: Default::default(),
     }
 }
 
+/// The `prism` binary built for these tests.
 pub fn prism() -> std::process::Command {
     std::process::Command::new(env!("CARGO_BIN_EXE_prism"))
 }

@@ -2,47 +2,16 @@
 //! characters: unconstrained greedy output is noise, constrained output parses
 //! and validates against the schema.
 
-use crate::common::{write_tiny_model, TinyArch, TINY_VOCAB};
+use crate::common::tiny_engine_with_words;
 use prism::engine::constraint::Grammar;
-use prism::engine::source::ModelSource;
-use prism::engine::{Engine, GenerateOptions, LoadOptions, StopReason};
+use prism::engine::{Engine, GenerateOptions, StopReason};
 
 /// 62 characters after `<s>` and `</s>`: enough to spell small JSON objects.
 const CHARS: &str = "{}[]\":,- 0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQ";
 
 /// A tiny random model whose tokens are the single characters of [`CHARS`].
 pub fn char_model(dir: &std::path::Path) -> Engine {
-    write_tiny_model(dir, TinyArch::Llama, 11);
-    let mut vocab = serde_json::Map::new();
-    vocab.insert("<s>".into(), 0.into());
-    vocab.insert("</s>".into(), 1.into());
-    for (i, c) in CHARS.chars().enumerate() {
-        vocab.insert(c.to_string(), (i + 2).into());
-    }
-    assert_eq!(vocab.len(), TINY_VOCAB);
-    let special = |id: u32, content: &str| {
-        serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
-            "rstrip": false, "normalized": false, "special": true})
-    };
-    let tokenizer = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null,
-        "added_tokens": [special(0, "<s>"), special(1, "</s>")],
-        "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": {"type": "Fuse"},
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-            "vocab": vocab, "merges": []}
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-    std::fs::write(
-        dir.join("tokenizer_config.json"),
-        r#"{"bos_token": "<s>", "eos_token": "</s>"}"#,
-    )
-    .unwrap();
-    let source = ModelSource::HfDir {
-        dir: dir.to_path_buf(),
-        name: "tiny-chars".into(),
-    };
-    Engine::load(&source, &LoadOptions::default()).unwrap()
+    tiny_engine_with_words(dir, 11, CHARS.chars().map(String::from), "tiny-chars")
 }
 
 fn schema() -> serde_json::Value {

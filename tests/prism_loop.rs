@@ -8,7 +8,7 @@ use prism::engine::source::ModelSource;
 use prism::engine::{Engine, LoadOptions};
 use prism::memory::{render_revision, Schema};
 use prism::methods::llm::Llm;
-use prism::methods::prism::{MemoryMode, Prism, PrismConfig, PrismState, Step};
+use prism::methods::prism::{MemoryMode, Prism, PrismConfig, PrismState, RefusalKind, Step};
 use prism::methods::run::{drive, NoProgress, Outcome};
 use prism::rundir::RunDir;
 
@@ -123,6 +123,84 @@ fn without_updates_an_update_is_refused_and_changes_nothing() {
         .contains("updates are turned off"));
     let memory = std::fs::read_to_string(dir.path().join("memory.json")).unwrap();
     assert!(memory.contains("The ship sails north.") && !memory.contains("into ice"));
+}
+
+/// A chunk that adds nothing gets an empty reply, and that is a correct step:
+/// nothing applied, nothing refused, the memory as it was.
+#[test]
+fn no_revision_is_a_valid_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let replies = [
+        r#"{"op": "add", "path": "$.Voyage", "value": ["The ship sails north."]}"#,
+        "",
+        "(nothing: this text adds nothing the query needs)",
+        "",
+        "The ship sails north.",
+    ];
+    let (outcome, steps, _) = run_scripted(
+        MemoryMode::Amendments,
+        true,
+        ScriptedLlm::new(&replies),
+        dir.path(),
+    );
+    let Outcome::Finished { stats, .. } = outcome else {
+        panic!("the run should finish")
+    };
+    assert_eq!(stats.extra["revisions_applied"], 1);
+    assert_eq!(stats.extra["revisions_rejected"], 0);
+    for step in &steps[1..] {
+        assert!(
+            step.applied.is_empty() && step.rejected.is_empty(),
+            "{step:?}"
+        );
+    }
+    let memory = std::fs::read_to_string(dir.path().join("memory.json")).unwrap();
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&memory).unwrap(),
+        serde_json::json!({"Voyage": ["The ship sails north."]})
+    );
+}
+
+/// A note the memory already holds, or one lifted from the prompt's own
+/// rules, is refused with its reason and counted apart from invalid lines.
+#[test]
+fn duplicates_and_echoes_are_refused_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let replies = [
+        r#"{"op": "add", "path": "$.Voyage", "value": ["The ship sails north from Archangel."]}"#,
+        concat!(
+            r#"{"op": "add", "path": "$.Voyage", "value": ["The ship sails north from Archangel!", "Ice closes in around the ship."]}"#,
+            "
+",
+            r#"{"op": "add", "path": "$.Rules", "value": ["Do not repeat a note the memory already has."]}"#
+        ),
+        r#"{"op": "add", "path": "$.Crew", "value": "not a list"}"#,
+        "",
+        "The ship sails north and is caught in the ice.",
+    ];
+    let (outcome, steps, _) = run_scripted(
+        MemoryMode::InPlace,
+        true,
+        ScriptedLlm::new(&replies),
+        dir.path(),
+    );
+    let Outcome::Finished { stats, .. } = outcome else {
+        panic!("the run should finish")
+    };
+    assert_eq!(stats.extra["revisions_duplicate"], 1);
+    assert_eq!(stats.extra["revisions_echo"], 1);
+    assert_eq!(stats.extra["revisions_rejected"], 1);
+    let kinds: Vec<RefusalKind> = steps[1].rejected.iter().map(|r| r.kind).collect();
+    assert_eq!(kinds, [RefusalKind::Duplicate, RefusalKind::Echo]);
+    assert!(steps[1].rejected[0].reason.contains("duplicate"));
+    assert!(steps[1].rejected[1].reason.contains("echo"));
+    let memory: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("memory.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        memory,
+        serde_json::json!({"Voyage": ["The ship sails north from Archangel.", "Ice closes in around the ship."]})
+    );
 }
 
 #[test]

@@ -100,6 +100,8 @@ fn summarize_resumes_to_the_same_result() {
         let mut args = vec![
             "summarize",
             doc.to_str().unwrap(),
+            "--model",
+            "smollm2-135m-instruct",
             "--out",
             out.to_str().unwrap(),
             "--chunk-tokens",

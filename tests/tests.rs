@@ -10,6 +10,8 @@ mod cos;
 mod engine;
 mod prism_loop;
 mod quality;
+mod repetition;
+mod sample;
 mod schema_gen;
 mod smollm2;
 mod source;

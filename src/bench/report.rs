@@ -4,6 +4,7 @@
 //! across them like its Figure 5.
 
 use super::sweep::{chunk_sizes, find, methods, Metric, Row};
+use serde_json::{Map, Value};
 use std::fmt::Write;
 
 /// Shown for a figure a run did not report.
@@ -22,7 +23,9 @@ pub fn markdown(rows: &[Row]) -> String {
     out.push_str(
         "Total: prompt tokens encoded; net: those not taken from the KV cache; \
          cache hit = reused / total. Cost index = (net + 3 × output) / 10⁶, as the PRISM paper \
-         weighs encoding against decoding. Wall time includes every session of a resumed run.\n\n",
+         weighs encoding against decoding. Wall time includes every session of a resumed run. \
+         Rep. 4-gram: the share of the summary's word 4-grams that occur in it more than once; \
+         echo: the share of its sentences (of 4 words or more) copied from the method's own prompt.\n\n",
     );
     let sizes = chunk_sizes(rows);
     for &size in &sizes {
@@ -112,6 +115,15 @@ fn header(out: &mut String, rows: &[Row]) {
 /// Table 3 of the paper for one chunk size, with our wall time, calls and
 /// summary length added.
 fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
+    // PRISM's counts of revisions it refused or cut, when some run has them.
+    let revisions: Vec<(&str, &str)> = [
+        ("revisions_duplicate", "Duplicate revisions"),
+        ("revisions_echo", "Echo revisions"),
+        ("revisions_capped", "Capped revisions"),
+    ]
+    .into_iter()
+    .filter(|(key, _)| rows.iter().any(|row| row.number(key).is_some()))
+    .collect();
     // Quality columns only when `bench --quality` scored some run.
     let quality: Vec<(&str, &str)> = [("coherence", "Coherence"), ("qa_f1", "QA-F1")]
         .into_iter()
@@ -128,13 +140,14 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
     if threads_vary {
         out.push_str(" Threads |");
     }
-    out.push_str(" Calls | Summary tokens |");
-    for (_, title) in &quality {
+    out.push_str(" Calls | Summary tokens | Rep. 4-gram (%) | Echo (%) |");
+    for (_, title) in revisions.iter().chain(&quality) {
         let _ = write!(out, " {title} |");
     }
-    out.push_str("\n|---|--:|--:|--:|--:|--:|--:|--:|--:|");
-    out.push_str(&"--:|".repeat(quality.len() + usize::from(threads_vary)));
+    out.push_str("\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    out.push_str(&"--:|".repeat(revisions.len() + quality.len() + usize::from(threads_vary)));
     out.push('\n');
+    let mut shown = Vec::new();
     for method in methods(rows) {
         let Some(row) = find(rows, method, chunk_tokens) else {
             continue;
@@ -153,16 +166,118 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
         if threads_vary {
             let _ = write!(out, " {} |", row.machine.engine_threads);
         }
+        let percent = |key: &str| cell(row.number(key).map(|share| 100.0 * share), 1);
         let _ = write!(
             out,
-            " {} | {} |",
+            " {} | {} | {} | {} |",
             cell(row.number("calls"), 0),
             cell(row.number("summary_tokens"), 0),
+            percent("repeated_ngram_share"),
+            percent("echo_share"),
         );
+        for (key, _) in &revisions {
+            let _ = write!(out, " {} |", cell(row.number(key), 0));
+        }
         for (key, _) in &quality {
             let _ = write!(out, " {} |", cell(row.number(key), 3));
         }
         out.push('\n');
+        shown.push(row);
+    }
+    let _ = writeln!(out, "\n{}", sampling_line(&shown));
+}
+
+/// The line under a table that names the sampling settings its rows used:
+/// one description when they share it, else each with its methods.
+fn sampling_line(rows: &[&Row]) -> String {
+    let mut settings: Vec<(String, Vec<&str>)> = Vec::new();
+    for row in rows {
+        let described = match row.stats.get("sampling") {
+            Some(Value::Object(sampling)) => describe_sampling(sampling),
+            _ => "not recorded".to_string(),
+        };
+        match settings.iter_mut().find(|(text, _)| *text == described) {
+            Some((_, methods)) => methods.push(row.method.as_str()),
+            None => settings.push((described, vec![row.method.as_str()])),
+        }
+    }
+    match settings.as_slice() {
+        [] => format!("Sampling: {MISSING}"),
+        [(text, _)] => format!("Sampling: {text}."),
+        _ => {
+            let parts: Vec<String> = settings
+                .iter()
+                .map(|(text, methods)| format!("{text} ({})", methods.join(", ")))
+                .collect();
+            format!("Sampling: {}.", parts.join("; "))
+        }
+    }
+}
+
+/// A run's `sampling` object in words. It is read field by field, so rows
+/// written before a control existed still read: a missing control was off,
+/// and a missing DRY base or allowed length had its default (`SamplingConfig`
+/// leaves defaults out of the JSON).
+fn describe_sampling(sampling: &Map<String, Value>) -> String {
+    let number = |key: &str| sampling.get(key).and_then(Value::as_f64);
+    let on = |key: &str| match sampling.get(key) {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(on)) => on.then(String::new),
+        Some(Value::Number(n)) => (n.as_f64() != Some(0.0)).then(|| short(n.as_f64())),
+        Some(other) => Some(other.to_string()),
+    };
+    let mut parts = Vec::new();
+    parts.push(match number("temperature") {
+        Some(t) if t > 0.0 => format!("temperature {}", short(Some(t))),
+        Some(_) => "greedy".to_string(),
+        None => format!("temperature {MISSING}"),
+    });
+    if let Some(penalty) = number("repeat_penalty").filter(|&p| p != 1.0) {
+        parts.push(format!(
+            "repeat penalty {} over {} tokens",
+            short(Some(penalty)),
+            short(number("repeat_last_n"))
+        ));
+    }
+    parts.push(match on("dry_multiplier") {
+        Some(multiplier) => {
+            let mut window = match number("dry_penalty_last_n") {
+                Some(n) if n > 0.0 => format!(", last {} tokens", short(Some(n))),
+                _ => String::new(),
+            };
+            window.push_str(match on("dry_prompt") {
+                Some(_) => ", prompt included",
+                None => ", output only",
+            });
+            format!(
+                "DRY multiplier {multiplier} (base {}, allowed length {}{window})",
+                short(number("dry_base").or(Some(1.75))),
+                short(number("dry_allowed_length").or(Some(2.0))),
+            )
+        }
+        None => "DRY off".to_string(),
+    });
+    parts.push(match on("no_repeat_ngram") {
+        Some(n) => format!("no-repeat {n}-grams"),
+        None => "no-repeat n-gram off".to_string(),
+    });
+    parts.push(match on("loop_guard") {
+        Some(setting) if setting.is_empty() => "loop guard on".to_string(),
+        Some(setting) => format!("loop guard {setting}"),
+        None => "loop guard off".to_string(),
+    });
+    parts.join(", ")
+}
+
+/// A setting as short as it reads exactly: `0.8`, not the `0.800000011920929`
+/// an `f32` becomes in JSON.
+fn short(value: Option<f64>) -> String {
+    match value {
+        Some(value) => {
+            let text = format!("{value:.3}");
+            text.trim_end_matches('0').trim_end_matches('.').to_string()
+        }
+        None => MISSING.to_string(),
     }
 }
 
@@ -240,6 +355,12 @@ mod tests {
                 "cache_hit_rate": hit, "prompt_tokens": 5600, "net_tokens": net,
                 "output_tokens": 470, "cost_index": (net as f64 + 1410.0) / 1e6,
                 "wall_seconds": 12.4, "calls": 6, "summary_tokens": 210,
+                "repeated_ngram_share": 0.125, "echo_share": 0.0,
+                "sampling": {
+                    "temperature": 0.0, "top_k": null, "top_p": null,
+                    "repeat_penalty": 1.0, "repeat_last_n": 64, "seed": 1,
+                    "dry_multiplier": 0.800000011920929, "loop_guard": true,
+                },
             })
         };
         let mut rows = vec![
@@ -285,7 +406,10 @@ mod tests {
         assert!(at_500 < at_1000, "chunk sizes ascend");
         let table = &report[at_1000..report.find("## Across").unwrap()];
         assert!(
-            table.contains("| prism-amendments | 69.0 | 5.6 | 1.7 | 0.5 | 0.0031 | 12 | 6 | 210 |")
+            table.contains(
+                "| prism-amendments | 69.0 | 5.6 | 1.7 | 0.5 | 0.0031 | 12 | 6 | 210 | 12.5 | 0.0 |\n"
+            ),
+            "{table}"
         );
         assert!(table.contains("| prism-in-place | 49.0 |"));
         // Methods keep the order they first appeared in.
@@ -310,11 +434,11 @@ mod tests {
         );
         assert!(
             report.contains(
-                "| prism-amendments | 69.0 | 5.6 | 1.7 | 0.5 | 0.0031 | 12 | 2 | 6 | 210 |"
+                "| prism-amendments | 69.0 | 5.6 | 1.7 | 0.5 | 0.0031 | 12 | 2 | 6 | 210 | 12.5 | 0.0 |"
             ),
             "{report}"
         );
-        assert!(report.contains("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"));
+        assert!(report.contains("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"));
     }
 
     #[test]
@@ -338,7 +462,88 @@ mod tests {
     #[test]
     fn missing_figures_show_as_dashes() {
         let report = markdown(&[row("incremental", 500, json!({"calls": 3}))]);
-        assert!(report.contains("| incremental | – | – | – | – | – | – | 3 | – |"));
+        assert!(
+            report.contains("| incremental | – | – | – | – | – | – | 3 | – | – | – |\n"),
+            "{report}"
+        );
+        assert!(report.contains("\nSampling: not recorded.\n"), "{report}");
+    }
+
+    #[test]
+    fn revision_counts_get_columns_when_a_run_has_them() {
+        let report = markdown(&rows());
+        assert!(!report.contains("revisions"), "no run has them: no columns");
+        let mut with = rows();
+        for (key, count) in [
+            ("revisions_duplicate", 4),
+            ("revisions_echo", 1),
+            ("revisions_capped", 0),
+        ] {
+            with[0].stats.insert(key.into(), count.into());
+        }
+        let report = markdown(&with);
+        assert!(
+            report.contains(
+                "| Echo (%) | Duplicate revisions | Echo revisions | Capped revisions |\n\
+                 |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
+            ),
+            "{report}"
+        );
+        assert!(
+            report.contains("| 210 | 12.5 | 0.0 | 4 | 1 | 0 |\n"),
+            "{report}"
+        );
+        // A run without them shows dashes.
+        assert!(
+            report.contains("| 210 | 12.5 | 0.0 | – | – | – |\n"),
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn each_table_names_its_sampling_settings() {
+        let report = markdown(&rows());
+        let at_1000 = report.find("## Chunks of 1000 tokens").unwrap();
+        let table = &report[at_1000..report.find("## Across").unwrap()];
+        // Base and allowed length are left out of the JSON at their defaults.
+        assert!(
+            table.contains(
+                "\nSampling: greedy, DRY multiplier 0.8 (base 1.75, allowed length 2, output only), \
+                 no-repeat n-gram off, loop guard on.\n"
+            ),
+            "{table}"
+        );
+        let mut mixed = rows();
+        mixed[1].stats.insert(
+            "sampling".into(),
+            json!({
+                "temperature": 0.7, "repeat_penalty": 1.100000023841858, "repeat_last_n": 64,
+                "dry_multiplier": 0.5, "dry_base": 2.0, "dry_allowed_length": 3,
+                "dry_penalty_last_n": 256, "dry_prompt": true, "no_repeat_ngram": 4,
+            }),
+        );
+        let report = markdown(&mixed);
+        assert!(
+            report.contains(
+                "\nSampling: greedy, DRY multiplier 0.8 (base 1.75, allowed length 2, output only), \
+                 no-repeat n-gram off, loop guard on (prism-amendments); \
+                 temperature 0.7, repeat penalty 1.1 over 64 tokens, \
+                 DRY multiplier 0.5 (base 2, allowed length 3, last 256 tokens, prompt included), \
+                 no-repeat 4-grams, loop guard off (prism-in-place).\n"
+            ),
+            "{report}"
+        );
+        // Settings from before the repetition controls existed read as off.
+        let mut old = rows();
+        old[0].stats.insert(
+            "sampling".into(),
+            json!({"temperature": 0.0, "repeat_penalty": 1.0, "repeat_last_n": 64, "seed": 1}),
+        );
+        let report = markdown(&old[..1]);
+        assert!(
+            report.contains("Sampling: greedy, DRY off, no-repeat n-gram off, loop guard off.\n"),
+            "{report}"
+        );
     }
 
     #[test]

@@ -276,7 +276,7 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
         .iter()
         .map(|method| method.args(&args.method_args).spec(method.method))
         .collect::<Result<Vec<_>>>()?;
-    let sampling = args.sampling.config()?;
+    let sampling = args.sampling.config(SamplingConfig::for_summaries())?;
 
     let is_nonempty_dir = std::fs::read_dir(out).is_ok_and(|mut entries| entries.next().is_some());
     anyhow::ensure!(

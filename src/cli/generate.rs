@@ -5,6 +5,7 @@ use anyhow::{Context, Result};
 use clap::{ArgMatches, Args};
 use prism::engine::chat::ChatMessage;
 use prism::engine::constraint::Grammar;
+use prism::engine::sampling::SamplingConfig;
 use prism::engine::{GenerateOptions, Generation};
 use prism::metrics::{Figures, Ledger};
 use std::io::Write;
@@ -75,7 +76,7 @@ pub fn run(args: GenerateArgs, matches: &ArgMatches) -> Result<()> {
     );
     let options = GenerateOptions {
         max_tokens: args.max_tokens,
-        sampling: args.sampling.config()?,
+        sampling: args.sampling.config(SamplingConfig::default())?,
         stop: args.stop.clone(),
         grammar: grammar(&args)?,
     };

@@ -7,6 +7,7 @@ use super::summarize::{Document, OnOff};
 use super::{EngineArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
+use prism::engine::sampling::SamplingConfig;
 use prism::engine::GenerateOptions;
 use prism::methods::llm::EngineLlm;
 use prism::metrics::Ledger;
@@ -58,7 +59,7 @@ pub fn run(args: QaArgs) -> Result<()> {
 
 fn generate(args: GenerateQaArgs) -> Result<()> {
     anyhow::ensure!(args.n > 0, "--n must be at least 1");
-    let sampling = args.sampling.config()?;
+    let sampling = args.sampling.config(SamplingConfig::default())?;
     let text = prism::document::read_document(&args.document)?;
     let mut engine = args.engine.load()?;
     let tokens = Document::count(&engine, &args.document, &text)?;

@@ -6,6 +6,7 @@ use super::summarize::OnOff;
 use super::{EngineArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
+use prism::engine::sampling::SamplingConfig;
 use prism::engine::GenerateOptions;
 use prism::methods::llm::EngineLlm;
 use prism::methods::schema_gen::{generate_schema, SchemaGenConfig, SchemaRequest};
@@ -78,7 +79,7 @@ fn run_generate(args: GenerateSchemaArgs) -> Result<()> {
         constrained: args.constrained == OnOff::On,
     };
     let options = GenerateOptions {
-        sampling: args.sampling.config()?,
+        sampling: args.sampling.config(SamplingConfig::default())?,
         ..GenerateOptions::default()
     };
     let mut engine = args.engine.load()?;

@@ -7,6 +7,7 @@ use super::{EngineArgs, SamplingArgs};
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use prism::engine::sampling::SamplingConfig;
 use prism::engine::GenerateOptions;
 use prism::methods::llm::EngineLlm;
 use prism::quality::coherence::{score_coherence, CoherenceConfig, CoherenceReport, VerdictKind};
@@ -21,7 +22,7 @@ pub struct ScoreArgs {
 #[derive(Debug, Subcommand)]
 enum ScoreCommand {
     /// Ask a judge model, sentence by sentence, whether a summary would confuse a reader (BooookScore).
-    Coherence(CoherenceArgs),
+    Coherence(Box<CoherenceArgs>),
     /// Answer questions from the summary alone and score the answers with Correct-F1 (Chain of Summaries).
     Qa(Box<super::qa::ScoreQaArgs>),
 }
@@ -56,14 +57,14 @@ struct Printed<'a> {
 
 pub fn run(args: ScoreArgs) -> Result<()> {
     match args.command {
-        ScoreCommand::Coherence(args) => run_coherence(args),
+        ScoreCommand::Coherence(args) => run_coherence(*args),
         ScoreCommand::Qa(args) => super::qa::run_score_qa(*args),
     }
 }
 
 fn run_coherence(args: CoherenceArgs) -> Result<()> {
     let summary = prism::document::read_document(&args.summary)?;
-    let sampling = args.sampling.config()?;
+    let sampling = args.sampling.config(SamplingConfig::default())?;
     let mut engine = args.engine.load()?;
     let config = CoherenceConfig {
         constrained: args.constrained == OnOff::On,

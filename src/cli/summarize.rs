@@ -22,6 +22,7 @@ use prism::methods::incremental::IncrementalConfig;
 use prism::methods::llm::EngineLlm;
 use prism::methods::prism::{MemoryMode, PrismConfig};
 use prism::methods::run::{Outcome, Position, Progress, RunFiles};
+use prism::methods::whole::WholeConfig;
 use prism::methods::MethodSpec;
 use prism::metrics::Figures;
 use prism::rundir::{fingerprint, RunDir};
@@ -49,6 +50,8 @@ pub enum MethodName {
     Cok,
     /// Chain of Summaries: refine a summary against questions it fails, keep the best on held-out questions.
     Cos,
+    /// The whole document in one prompt, when it fits the model's context (else an error): the reference for chunked methods.
+    Whole,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -82,11 +85,11 @@ pub struct MethodArgs {
     #[arg(long)]
     pub no_updates: bool,
     /// prism, gu-json, gm-json, cok: the memory schema: a JSON Schema file, or
-    /// a schema prism ships by name (book, cok-book, code, entity, sql).
-    #[arg(long, default_value = "book")]
+    /// a schema prism ships by name (summary, book, cok-book, code, entity, sql).
+    #[arg(long, default_value = "summary")]
     pub schema: PathBuf,
     /// prism, cok: the most tokens one revision step may write; gm-json: the most a chunk's own memory may have; gu-text, gu-json, gm-json: how far a rewrite of the memory may outgrow it.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 1024)]
     pub revision_tokens: usize,
     /// prism, gu-json, gm-json, cok: decode under a grammar derived from the schema (output parses and type-checks);
     /// cos: write question-answer pairs under a JSON Schema.
@@ -199,6 +202,15 @@ impl MethodArgs {
                     },
                 }
             }
+            MethodName::Whole => {
+                anyhow::ensure!(self.answer_tokens > 0, "--answer-tokens must be at least 1");
+                MethodSpec::Whole {
+                    config: WholeConfig {
+                        query: self.query.clone(),
+                        answer_tokens: self.answer_tokens,
+                    },
+                }
+            }
         })
     }
 
@@ -285,7 +297,7 @@ pub struct SummarizeArgs {
 
 pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
     let spec = args.method_args.spec(args.method)?;
-    let sampling = args.sampling.config()?;
+    let sampling = args.sampling.config(SamplingConfig::for_summaries())?;
     let text = prism::document::read_document(&args.document)?;
     let mut engine = args.engine.load()?;
     let tokens = Document::count(&engine, &args.document, &text)?;
@@ -441,6 +453,7 @@ impl Job<'_> {
             fingerprint,
             resume: self.resume,
             stop_after: self.stop_after,
+            sampling: self.sampling.clone(),
         };
         Ok(self
             .spec

@@ -24,9 +24,10 @@ use chat::{ChatMessage, ChatTemplate};
 use constraint::{Grammar, Grammars};
 use device::DeviceChoice;
 use model::{Config, Pass, PrefillWeights, Transformer, WeightFile};
-use sampling::{Sampler, SamplingConfig};
+use sampling::{Sampler, SamplingConfig, TokenMarks};
 use source::ModelSource;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 use tokenizer::Tokenizer;
 
@@ -107,6 +108,8 @@ pub enum StopReason {
     MaxTokens,
     /// The context is full.
     ContextFull,
+    /// The loop guard saw a line or sentence repeated; the text is cut before the repeat.
+    Repetition,
 }
 
 /// The result of one call.
@@ -128,6 +131,8 @@ pub struct Engine {
     prefix_cache: bool,
     /// Built on the first constrained generation.
     grammars: std::cell::OnceCell<Grammars>,
+    /// Built on the first generation with DRY or the loop guard.
+    token_marks: std::cell::OnceCell<Arc<TokenMarks>>,
 }
 
 impl Engine {
@@ -182,6 +187,7 @@ impl Engine {
             slots,
             prefix_cache: true,
             grammars: std::cell::OnceCell::new(),
+            token_marks: std::cell::OnceCell::new(),
         })
     }
 
@@ -378,26 +384,41 @@ impl Engine {
             Some(grammar) => Some(self.grammars()?.constraint(grammar)?),
             None => None,
         };
+        // Cutting grammar-constrained output would leave it invalid, so the
+        // loop guard watches free text only.
+        let loop_guard = options.sampling.loop_guard && constraint.is_none();
+        let marks = if options.sampling.needs_token_marks() {
+            self.token_marks()
+        } else {
+            Arc::default()
+        };
         let (mut logits, mut usage) = self.prefill(prompt)?;
         let decode_start = Instant::now();
         let stop_ids = self.tokenizer.stop_token_ids().to_vec();
-        let mut sampler = Sampler::new(&options.sampling);
+        let mut sampler = Sampler::new(&options.sampling, Arc::clone(&marks));
         let mut history = prompt.to_vec();
         let mut tokens = Vec::new();
-        let mut text = String::new();
+        // Set when a stop string or the loop guard cuts the text.
+        let mut cut_text = None;
         let stop_reason = loop {
             if tokens.len() == options.max_tokens {
                 break StopReason::MaxTokens;
             }
-            if let Some(constraint) = constraint.as_mut() {
-                let start = Instant::now();
-                let mut values = logits.to_vec1::<f32>().context("grammar mask")?;
-                constraint.mask(&mut values)?;
-                logits = Tensor::from_vec(values, logits.dims(), logits.device())
-                    .context("grammar mask")?;
-                usage.mask_seconds += start.elapsed().as_secs_f64();
-            }
-            let token = sampler.sample(&logits, &history)?;
+            let token = match constraint.as_mut() {
+                None => sampler.sample(&logits, &history, prompt.len())?,
+                Some(constraint) => {
+                    let start = Instant::now();
+                    let mut values = logits.to_vec1::<f32>().context("grammar mask")?;
+                    constraint.mask(&mut values)?;
+                    usage.mask_seconds += start.elapsed().as_secs_f64();
+                    // After the mask, so the n-gram ban can see what the grammar allows.
+                    sampler.penalize(&mut values, &history, prompt.len());
+                    let len = values.len();
+                    let masked = Tensor::from_vec(values, len, &candle_core::Device::Cpu)
+                        .context("grammar mask")?;
+                    sampler.pick(&masked)?
+                }
+            };
             usage.output_tokens += 1;
             if stop_ids.contains(&token) {
                 break StopReason::EndOfTurn;
@@ -407,13 +428,27 @@ impl Engine {
             }
             tokens.push(token);
             history.push(token);
-            // Only stop strings need the text while generating; otherwise it
-            // is decoded once at the end.
-            if !options.stop.is_empty() {
+            // The text is decoded while generating only for stop strings, and
+            // for the loop guard when a line or sentence may have ended: at a
+            // token holding `\n . ! ?` or the one after it (a full stop
+            // counts once whitespace follows). Otherwise it is decoded once at
+            // the end.
+            let unit_may_end =
+                loop_guard && tokens.iter().rev().take(2).any(|&t| marks.may_end_unit(t));
+            if !options.stop.is_empty() || unit_may_end {
                 let so_far = self.tokenizer.decode(&tokens, true)?;
                 if let Some(cut) = first_stop(&so_far, &options.stop) {
-                    text = so_far[..cut].to_string();
+                    cut_text = Some(so_far[..cut].to_string());
                     break StopReason::StopString;
+                }
+                let repeat = if unit_may_end {
+                    sampling::repeated_unit(&so_far)
+                } else {
+                    None
+                };
+                if let Some(cut) = repeat {
+                    cut_text = Some(so_far[..cut].to_string());
+                    break StopReason::Repetition;
                 }
             }
             if tokens.len() == options.max_tokens {
@@ -427,15 +462,29 @@ impl Engine {
             usage.decode_steps += 1;
         };
         usage.decode_seconds = decode_start.elapsed().as_secs_f64();
-        if stop_reason != StopReason::StopString {
-            text = self.tokenizer.decode(&tokens, true)?;
-        }
+        let text = match cut_text {
+            Some(text) => text,
+            None => self.tokenizer.decode(&tokens, true)?,
+        };
         Ok(Generation {
             text,
             tokens,
             stop_reason,
             usage,
         })
+    }
+
+    /// What the repetition controls need to know about each token's text:
+    /// every id of the logits decoded once (ids the tokenizer lacks read as
+    /// empty), with end-of-turn tokens as DRY breakers.
+    fn token_marks(&self) -> Arc<TokenMarks> {
+        let marks = self.token_marks.get_or_init(|| {
+            let vocab = self.model.config().vocab_size as u32;
+            let texts =
+                (0..vocab).map(|id| self.tokenizer.decode(&[id], false).unwrap_or_default());
+            Arc::new(TokenMarks::new(texts, self.tokenizer.stop_token_ids()))
+        });
+        Arc::clone(marks)
     }
 
     fn grammars(&self) -> Result<&Grammars> {

@@ -1,11 +1,31 @@
 //! Choosing the next token from logits: greedy, or seeded sampling with
-//! temperature, top-k and top-p, after an optional repeat penalty.
+//! temperature, top-k and top-p, after the repetition controls.
+//!
+//! The repetition controls are pure functions over token ids, so each can be
+//! checked by hand:
+//!
+//! - the repeat penalty scales the logits of recently seen tokens;
+//! - [`dry_penalties`] ("don't repeat yourself", as llama.cpp's `--dry-*`)
+//!   lowers the logit of a token that would extend a sequence already in the
+//!   context, more the longer the sequence;
+//! - [`ngram_bans`] forbids a token that would complete an n-gram already
+//!   generated, and [`apply_bans`] skips the ban when it would forbid every
+//!   token a grammar still allows;
+//! - [`repeated_unit`] is the loop guard's test: the engine ends a generation
+//!   whose latest line or sentence repeats an earlier one.
 
 use crate::error::{CandleContext, Result};
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 use candle_transformers::generation::{LogitsProcessor, Sampling};
+use std::collections::HashSet;
+use std::sync::Arc;
 
 /// How to pick tokens. `temperature == 0` is greedy decoding.
+///
+/// Fields added after the first release carry serde defaults (everything
+/// off), so older configs and checkpoints still read; they are left out of
+/// the JSON while they hold that default, so a run with them off keeps the
+/// fingerprint it had before they existed.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SamplingConfig {
     pub temperature: f64,
@@ -16,9 +36,68 @@ pub struct SamplingConfig {
     pub repeat_penalty: f32,
     pub repeat_last_n: usize,
     pub seed: u64,
+    /// DRY: the penalty for a token that extends a repeat of exactly
+    /// `dry_allowed_length` tokens; 0 turns DRY off.
+    #[serde(default, skip_serializing_if = "is_zero_f32")]
+    pub dry_multiplier: f32,
+    /// DRY: the penalty grows by this factor for each repeated token beyond
+    /// `dry_allowed_length`.
+    #[serde(
+        default = "default_dry_base",
+        skip_serializing_if = "is_default_dry_base"
+    )]
+    pub dry_base: f32,
+    /// DRY: repeats shorter than this are free.
+    #[serde(
+        default = "default_dry_allowed_length",
+        skip_serializing_if = "is_default_dry_allowed_length"
+    )]
+    pub dry_allowed_length: usize,
+    /// DRY: how many of the latest tokens (prompt and output) are searched
+    /// for repeats; 0 searches the whole context.
+    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    pub dry_penalty_last_n: usize,
+    /// DRY: count repeats of the prompt too, as llama.cpp does. Off, only
+    /// repeats within the output are penalized, so text quoted from the
+    /// prompt (a name, a line of the document) is free the first time.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_prompt: bool,
+    /// Forbid any token that would complete an n-gram of this many token ids
+    /// already in the generated text (the prompt does not count); 0 is off.
+    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    pub no_repeat_ngram: usize,
+    /// End a generation once it completes a line or sentence it already
+    /// wrote, cutting the text before the repeat (see [`repeated_unit`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub loop_guard: bool,
+}
+
+fn default_dry_base() -> f32 {
+    1.75
+}
+
+fn default_dry_allowed_length() -> usize {
+    2
+}
+
+fn is_zero_f32(value: &f32) -> bool {
+    *value == 0.0
+}
+
+fn is_zero_usize(value: &usize) -> bool {
+    *value == 0
+}
+
+fn is_default_dry_base(value: &f32) -> bool {
+    *value == default_dry_base()
+}
+
+fn is_default_dry_allowed_length(value: &usize) -> bool {
+    *value == default_dry_allowed_length()
 }
 
 impl Default for SamplingConfig {
+    /// Greedy decoding with every repetition control off: the exact argmax path.
     fn default() -> Self {
         SamplingConfig {
             temperature: 0.0,
@@ -27,11 +106,36 @@ impl Default for SamplingConfig {
             repeat_penalty: 1.0,
             repeat_last_n: 64,
             seed: 299_792_458,
+            dry_multiplier: 0.0,
+            dry_base: default_dry_base(),
+            dry_allowed_length: default_dry_allowed_length(),
+            dry_penalty_last_n: 0,
+            dry_prompt: false,
+            no_repeat_ngram: 0,
+            loop_guard: false,
         }
     }
 }
 
 impl SamplingConfig {
+    /// The defaults `summarize` and `bench` use for every method alike: greedy,
+    /// DRY over the output (multiplier 0.8, base 1.75, allowed length 2) and
+    /// the loop guard on; no n-gram ban. DRY leaves the prompt out because
+    /// notes and summaries rightly quote the document: over the prompt it
+    /// pushes a small model to misspell the names it copies.
+    pub fn for_summaries() -> Self {
+        SamplingConfig {
+            dry_multiplier: 0.8,
+            dry_base: 1.75,
+            dry_allowed_length: 2,
+            dry_penalty_last_n: 0,
+            dry_prompt: false,
+            no_repeat_ngram: 0,
+            loop_guard: true,
+            ..SamplingConfig::default()
+        }
+    }
+
     pub fn validate(&self) -> Result<()> {
         let invalid = |what: &str, reason: &str| Err(crate::Error::invalid(what, reason));
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
@@ -48,8 +152,286 @@ impl SamplingConfig {
         if !(self.repeat_penalty > 0.0 && self.repeat_penalty.is_finite()) {
             return invalid("--repeat-penalty", "must be a finite number > 0");
         }
+        if !(self.dry_multiplier >= 0.0 && self.dry_multiplier.is_finite()) {
+            return invalid("--dry-multiplier", "must be a finite number ≥ 0 (0 is off)");
+        }
+        if !self.dry_base.is_finite() || (self.dry_multiplier > 0.0 && self.dry_base <= 1.0) {
+            return invalid(
+                "--dry-base",
+                "must be a finite number > 1: the DRY penalty grows by this factor per repeated token",
+            );
+        }
+        if self.dry_multiplier > 0.0 && self.dry_allowed_length >= DRY_MAX_MATCH {
+            return invalid(
+                "--dry-allowed-length",
+                &format!("must be below {DRY_MAX_MATCH}, the longest repeat DRY measures"),
+            );
+        }
         Ok(())
     }
+
+    fn dry_on(&self) -> bool {
+        self.dry_multiplier > 0.0
+    }
+
+    /// Whether generation needs [`TokenMarks`]: DRY's sequence breakers, or
+    /// the tokens that can end a line or sentence for the loop guard.
+    pub fn needs_token_marks(&self) -> bool {
+        self.dry_on() || self.loop_guard
+    }
+}
+
+/// The characters that stop a DRY match (llama.cpp's default sequence
+/// breakers): a repeat across a line break, a `key:` or a quote is structure
+/// (lists, JSON, dialogue), not a loop.
+const DRY_BREAKERS: [char; 4] = ['\n', ':', '"', '*'];
+
+/// The longest repeat DRY measures. Longer ones get the same penalty, and the
+/// cap keeps both the work per step and `base^length` bounded.
+pub const DRY_MAX_MATCH: usize = 50;
+
+/// The largest DRY penalty. It is finite, so a grammar's last allowed tokens
+/// are never pushed to −∞, and large enough to outweigh any logit.
+const DRY_MAX_PENALTY: f64 = 1e6;
+
+/// What the repetition controls need to know about each token's text,
+/// computed once per vocabulary.
+#[derive(Debug, Clone, Default)]
+pub struct TokenMarks {
+    /// Its text holds a DRY sequence breaker, or it ends a turn.
+    breaker: Vec<bool>,
+    /// Its text holds a character that can end a line or sentence.
+    ends_unit: Vec<bool>,
+}
+
+impl TokenMarks {
+    /// Marks for the tokens whose texts are `texts`, in id order. End-of-turn
+    /// tokens (`stop_ids`) are breakers too: a turn that ends as an earlier
+    /// one did is no repeat to punish.
+    pub fn new<S: AsRef<str>>(texts: impl IntoIterator<Item = S>, stop_ids: &[u32]) -> Self {
+        let (mut breaker, ends_unit): (Vec<bool>, Vec<bool>) = texts
+            .into_iter()
+            .map(|text| {
+                let text = text.as_ref();
+                (
+                    text.contains(DRY_BREAKERS),
+                    text.contains(['\n', '.', '!', '?']),
+                )
+            })
+            .unzip();
+        for &id in stop_ids {
+            if let Some(mark) = breaker.get_mut(id as usize) {
+                *mark = true;
+            }
+        }
+        TokenMarks { breaker, ends_unit }
+    }
+
+    /// Whether `token` stops a DRY match (unknown ids do not).
+    pub fn is_breaker(&self, token: u32) -> bool {
+        self.breaker.get(token as usize).copied().unwrap_or(false)
+    }
+
+    /// Whether `token` can end a line or sentence (unknown ids cannot).
+    pub fn may_end_unit(&self, token: u32) -> bool {
+        self.ends_unit.get(token as usize).copied().unwrap_or(false)
+    }
+}
+
+/// The DRY settings of a [`SamplingConfig`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dry {
+    pub multiplier: f32,
+    pub base: f32,
+    pub allowed_length: usize,
+    /// 0 searches the whole context.
+    pub last_n: usize,
+}
+
+impl Dry {
+    fn of(config: &SamplingConfig) -> Self {
+        Dry {
+            multiplier: config.dry_multiplier,
+            base: config.dry_base,
+            allowed_length: config.dry_allowed_length,
+            last_n: config.dry_penalty_last_n,
+        }
+    }
+
+    /// The penalty for extending a repeat of `length` tokens.
+    fn penalty(&self, length: usize) -> f32 {
+        let excess = (length - self.allowed_length) as i32;
+        let penalty = f64::from(self.multiplier) * f64::from(self.base).powi(excess);
+        penalty.min(DRY_MAX_PENALTY) as f32
+    }
+}
+
+/// DRY: the tokens that would extend a sequence which already occurred in
+/// `context`, each with the amount to subtract from its logit, in id order.
+///
+/// A candidate token `t` extends a repeat of length `L` when `context` ends
+/// with `L` tokens that also occur earlier, followed there by `t`. With `L` at
+/// least `allowed_length` (and at least 1) the penalty is
+/// `multiplier · base^(L − allowed_length)`, for the longest such `L` (at most
+/// [`DRY_MAX_MATCH`]). A match never spans a breaker token, and a breaker is
+/// never penalized. Only the last `last_n` tokens of `context` are searched
+/// (all when 0). Linear in the searched length.
+pub fn dry_penalties(
+    context: &[u32],
+    dry: &Dry,
+    is_breaker: impl Fn(u32) -> bool,
+) -> Vec<(u32, f32)> {
+    if dry.multiplier == 0.0 {
+        return Vec::new();
+    }
+    let window = match dry.last_n {
+        0 => context,
+        n => &context[context.len().saturating_sub(n)..],
+    };
+    // Newest first: a repeat of the tail becomes a common prefix.
+    let reversed: Vec<u32> = window.iter().rev().copied().collect();
+    let tail = reversed
+        .iter()
+        .take_while(|&&t| !is_breaker(t))
+        .count()
+        .min(DRY_MAX_MATCH);
+    if tail == 0 {
+        return Vec::new();
+    }
+    let matches = common_prefix_lengths(&reversed, tail);
+    let shortest = dry.allowed_length.max(1);
+    let mut longest: Vec<(u32, usize)> = Vec::new();
+    // reversed[k..k + len] repeats the tail, and reversed[k - 1] followed it.
+    for (k, &len) in matches.iter().enumerate().skip(1) {
+        let next = reversed[k - 1];
+        if len >= shortest && !is_breaker(next) {
+            longest.push((next, len));
+        }
+    }
+    longest.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    longest.dedup_by_key(|(token, _)| *token);
+    longest
+        .into_iter()
+        .map(|(token, len)| (token, dry.penalty(len)))
+        .collect()
+}
+
+/// For each `k`, the length of the longest common prefix of `s` and `s[k..]`,
+/// counting at most `limit` tokens (the Z-algorithm, linear in `s.len()`);
+/// entry 0 is 0.
+fn common_prefix_lengths(s: &[u32], limit: usize) -> Vec<usize> {
+    let mut lengths = vec![0; s.len()];
+    // s[left..right] equals s[..right - left]: the match reaching furthest right so far.
+    let (mut left, mut right) = (0, 0);
+    for k in 1..s.len() {
+        // Inside that match, s[k..] starts as s[k - left..] does.
+        let mut len = if k < right {
+            lengths[k - left].min(right - k)
+        } else {
+            0
+        };
+        while len < limit && k + len < s.len() && s[len] == s[k + len] {
+            len += 1;
+        }
+        lengths[k] = len;
+        if k + len > right {
+            (left, right) = (k, k + len);
+        }
+    }
+    lengths
+}
+
+/// The tokens that would complete an `n`-gram already present in `generated`,
+/// sorted: every token that followed an earlier occurrence of the last
+/// `n − 1` tokens (for `n == 1`, every token generated). Empty when `n` is 0.
+pub fn ngram_bans(generated: &[u32], n: usize) -> Vec<u32> {
+    if n == 0 || generated.len() < n {
+        return Vec::new();
+    }
+    let prefix = &generated[generated.len() + 1 - n..];
+    let mut banned: Vec<u32> = generated
+        .windows(n)
+        .filter(|gram| &gram[..n - 1] == prefix)
+        .map(|gram| gram[n - 1])
+        .collect();
+    banned.sort_unstable();
+    banned.dedup();
+    banned
+}
+
+/// Set the logits of the `banned` tokens (sorted) to −∞, unless that would
+/// leave no token with a logit above −∞ (all allowed ones banned by a
+/// grammar's mask and the ban together); then change nothing. Returns whether
+/// the ban was applied.
+pub fn apply_bans(logits: &mut [f32], banned: &[u32]) -> bool {
+    let is_banned = |id: usize| banned.binary_search(&(id as u32)).is_ok();
+    let any_left = logits
+        .iter()
+        .enumerate()
+        .any(|(id, &logit)| logit > f32::NEG_INFINITY && !is_banned(id));
+    if !any_left {
+        return false;
+    }
+    for &token in banned {
+        if let Some(logit) = logits.get_mut(token as usize) {
+            *logit = f32::NEG_INFINITY;
+        }
+    }
+    true
+}
+
+/// Divide positive logits (multiply negative ones) of the tokens in `recent`
+/// by `penalty`, once per distinct token.
+fn apply_repeat_penalty(logits: &mut [f32], penalty: f32, recent: &[u32]) {
+    let mut seen = HashSet::new();
+    for &token in recent {
+        if !seen.insert(token) {
+            continue;
+        }
+        if let Some(logit) = logits.get_mut(token as usize) {
+            if *logit >= 0.0 {
+                *logit /= penalty;
+            } else {
+                *logit *= penalty;
+            }
+        }
+    }
+}
+
+/// A line or sentence shorter than this many words and characters may repeat
+/// (a heading, a list marker, "Yes.").
+const LOOP_MIN_WORDS: usize = 3;
+const LOOP_MIN_CHARS: usize = 16;
+
+/// The loop guard's test: the byte offset in `text` where the first line or
+/// sentence that repeats an earlier one starts, if any.
+///
+/// A line ends at `\n`; a sentence ends at `.`, `!` or `?` followed by
+/// whitespace (so `3.5` and a sentence still being written are not cut). Two
+/// are equal when they are equal in lowercase with whitespace collapsed; one
+/// of fewer than 3 words and 16 characters never counts.
+pub fn repeated_unit(text: &str) -> Option<usize> {
+    let mut seen = HashSet::new();
+    let mut start = 0;
+    let mut chars = text.char_indices().peekable();
+    while let Some((at, c)) = chars.next() {
+        let end = match c {
+            '\n' => at,
+            '.' | '!' | '?' if chars.peek().is_some_and(|(_, next)| next.is_whitespace()) => {
+                at + c.len_utf8()
+            }
+            _ => continue,
+        };
+        let unit = &text[start..end];
+        let words: Vec<&str> = unit.split_whitespace().collect();
+        let normalized = words.join(" ").to_lowercase();
+        let counts = words.len() >= LOOP_MIN_WORDS || normalized.chars().count() >= LOOP_MIN_CHARS;
+        if counts && !seen.insert(normalized) {
+            return Some(start + (unit.len() - unit.trim_start().len()));
+        }
+        start = end;
+    }
+    None
 }
 
 /// A seeded token picker: the same seed and logits give the same tokens.
@@ -57,10 +439,15 @@ pub struct Sampler {
     processor: LogitsProcessor,
     repeat_penalty: f32,
     repeat_last_n: usize,
+    dry: Dry,
+    dry_prompt: bool,
+    no_repeat_ngram: usize,
+    marks: Arc<TokenMarks>,
 }
 
 impl Sampler {
-    pub fn new(config: &SamplingConfig) -> Self {
+    /// `marks` tell DRY which tokens break a match; without them none does.
+    pub fn new(config: &SamplingConfig, marks: Arc<TokenMarks>) -> Self {
         let temperature = config.temperature;
         let sampling = if temperature <= 0.0 {
             Sampling::ArgMax
@@ -76,36 +463,98 @@ impl Sampler {
             processor: LogitsProcessor::from_sampling(config.seed, sampling),
             repeat_penalty: config.repeat_penalty,
             repeat_last_n: config.repeat_last_n,
+            dry: Dry::of(config),
+            dry_prompt: config.dry_prompt,
+            no_repeat_ngram: config.no_repeat_ngram,
+            marks,
         }
     }
 
-    /// Pick the next token from `logits` (a vector over the vocabulary), given
-    /// the tokens so far for the repeat penalty.
-    pub fn sample(&mut self, logits: &Tensor, history: &[u32]) -> Result<u32> {
-        let logits = if self.repeat_penalty == 1.0 {
-            logits.clone()
-        } else {
-            let recent = &history[history.len().saturating_sub(self.repeat_last_n)..];
-            candle_transformers::utils::apply_repeat_penalty(logits, self.repeat_penalty, recent)
-                .context("repeat penalty")?
-        };
-        self.processor.sample(&logits).context("sampling")
+    /// Whether [`Sampler::penalize`] can change logits.
+    pub fn penalizes(&self) -> bool {
+        self.repeat_penalty != 1.0 || self.dry.multiplier > 0.0 || self.no_repeat_ngram > 0
+    }
+
+    /// Apply the repetition controls to `logits`, a vector over the
+    /// vocabulary after any grammar mask: the repeat penalty, DRY, then the
+    /// n-gram ban unless it would forbid every token still allowed.
+    /// `context` is the prompt followed by the tokens generated so far; its
+    /// first `prompt_tokens` are the prompt.
+    pub fn penalize(&self, logits: &mut [f32], context: &[u32], prompt_tokens: usize) {
+        if self.repeat_penalty != 1.0 {
+            let recent = &context[context.len().saturating_sub(self.repeat_last_n)..];
+            apply_repeat_penalty(logits, self.repeat_penalty, recent);
+        }
+        let generated = &context[prompt_tokens.min(context.len())..];
+        let searched = if self.dry_prompt { context } else { generated };
+        for (token, penalty) in dry_penalties(searched, &self.dry, |t| self.marks.is_breaker(t)) {
+            if let Some(logit) = logits.get_mut(token as usize) {
+                *logit -= penalty;
+            }
+        }
+        apply_bans(logits, &ngram_bans(generated, self.no_repeat_ngram));
+    }
+
+    /// Pick the next token from `logits` as they are.
+    pub fn pick(&mut self, logits: &Tensor) -> Result<u32> {
+        self.processor.sample(logits).context("sampling")
+    }
+
+    /// [`Sampler::penalize`], then [`Sampler::pick`].
+    pub fn sample(
+        &mut self,
+        logits: &Tensor,
+        context: &[u32],
+        prompt_tokens: usize,
+    ) -> Result<u32> {
+        if !self.penalizes() {
+            return self.pick(logits);
+        }
+        let mut values = logits.to_vec1::<f32>().context("repetition controls")?;
+        self.penalize(&mut values, context, prompt_tokens);
+        let len = values.len();
+        let penalized =
+            Tensor::from_vec(values, len, &Device::Cpu).context("repetition controls")?;
+        self.pick(&penalized)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
 
     fn logits() -> Tensor {
         Tensor::new(&[0.1f32, 2.0, 1.9, -1.0, 0.5], &Device::Cpu).unwrap()
     }
 
+    fn sampler(config: &SamplingConfig) -> Sampler {
+        Sampler::new(config, Arc::default())
+    }
+
+    const DRY: Dry = Dry {
+        multiplier: 0.8,
+        base: 1.75,
+        allowed_length: 2,
+        last_n: 0,
+    };
+
+    fn no_breakers(_: u32) -> bool {
+        false
+    }
+
+    fn assert_close(actual: &[(u32, f32)], expected: &[(u32, f32)]) {
+        let close = actual.len() == expected.len()
+            && actual
+                .iter()
+                .zip(expected)
+                .all(|(a, e)| a.0 == e.0 && (a.1 - e.1).abs() <= 1e-4 * e.1.abs().max(1.0));
+        assert!(close, "{actual:?} != {expected:?}");
+    }
+
     #[test]
     fn greedy_picks_the_largest_logit() {
-        let mut sampler = Sampler::new(&SamplingConfig::default());
-        assert_eq!(sampler.sample(&logits(), &[]).unwrap(), 1);
+        let mut sampler = sampler(&SamplingConfig::default());
+        assert_eq!(sampler.sample(&logits(), &[], 0).unwrap(), 1);
     }
 
     #[test]
@@ -114,8 +563,8 @@ mod tests {
             repeat_penalty: 1.5,
             ..SamplingConfig::default()
         };
-        let mut sampler = Sampler::new(&config);
-        assert_eq!(sampler.sample(&logits(), &[1]).unwrap(), 2);
+        let mut sampler = sampler(&config);
+        assert_eq!(sampler.sample(&logits(), &[1], 0).unwrap(), 2);
     }
 
     #[test]
@@ -127,9 +576,9 @@ mod tests {
             ..SamplingConfig::default()
         };
         let draw = || {
-            let mut sampler = Sampler::new(&config);
+            let mut sampler = sampler(&config);
             (0..32)
-                .map(|_| sampler.sample(&logits(), &[]).unwrap())
+                .map(|_| sampler.sample(&logits(), &[], 0).unwrap())
                 .collect::<Vec<_>>()
         };
         let first = draw();
@@ -147,5 +596,269 @@ mod tests {
             ..SamplingConfig::default()
         };
         assert!(bad.validate().is_err());
+        let low_base = SamplingConfig {
+            dry_multiplier: 0.8,
+            dry_base: 1.0,
+            ..SamplingConfig::default()
+        };
+        let err = low_base.validate().unwrap_err().to_string();
+        assert!(err.contains("--dry-base") && err.contains("> 1"), "{err}");
+        let negative = SamplingConfig {
+            dry_multiplier: -0.5,
+            ..SamplingConfig::default()
+        };
+        assert!(negative.validate().is_err());
+        let endless = SamplingConfig {
+            dry_multiplier: 0.8,
+            dry_allowed_length: DRY_MAX_MATCH,
+            ..SamplingConfig::default()
+        };
+        assert!(endless.validate().is_err());
+        // With DRY off its base does not matter.
+        let off = SamplingConfig {
+            dry_base: 0.5,
+            ..SamplingConfig::default()
+        };
+        off.validate().unwrap();
+        SamplingConfig::for_summaries().validate().unwrap();
+    }
+
+    #[test]
+    fn default_is_greedy_with_every_control_off() {
+        let config = SamplingConfig::default();
+        assert_eq!(config.temperature, 0.0);
+        assert_eq!(config.dry_multiplier, 0.0);
+        assert_eq!(config.no_repeat_ngram, 0);
+        assert!(!config.loop_guard);
+        assert!(!sampler(&config).penalizes());
+        let summaries = SamplingConfig::for_summaries();
+        assert_eq!(summaries.temperature, 0.0);
+        assert_eq!(
+            (
+                summaries.dry_multiplier,
+                summaries.dry_base,
+                summaries.dry_allowed_length
+            ),
+            (0.8, 1.75, 2)
+        );
+        assert_eq!(summaries.dry_penalty_last_n, 0);
+        assert!(summaries.loop_guard);
+    }
+
+    /// A config written before the repetition controls existed reads with
+    /// them off, and one with them off writes the same JSON as before.
+    #[test]
+    fn older_configs_read_with_the_controls_off() {
+        let old = r#"{"temperature":0.0,"top_k":null,"top_p":null,"repeat_penalty":1.0,"repeat_last_n":64,"seed":299792458}"#;
+        let config: SamplingConfig = serde_json::from_str(old).unwrap();
+        assert_eq!(config, SamplingConfig::default());
+        assert_eq!(serde_json::to_string(&config).unwrap(), old);
+        let summaries = SamplingConfig::for_summaries();
+        let json = serde_json::to_string(&summaries).unwrap();
+        assert!(json.contains("\"dry_multiplier\":0.8") && json.contains("\"loop_guard\":true"));
+        assert_eq!(
+            serde_json::from_str::<SamplingConfig>(&json).unwrap(),
+            summaries
+        );
+    }
+
+    /// Context 1 2 3 9 1 2: the tail "1 2" occurred before, followed by 3, so
+    /// 3 extends a repeat of length 2: 0.8 · 1.75^(2−2) = 0.8. The tail "2"
+    /// alone also occurred (followed by 3), which changes nothing.
+    #[test]
+    fn dry_penalizes_the_token_that_extends_a_repeat() {
+        let penalties = dry_penalties(&[1, 2, 3, 9, 1, 2], &DRY, no_breakers);
+        assert_close(&penalties, &[(3, 0.8)]);
+    }
+
+    /// 1 2 3 4 9 1 2 3 4 9 1 2 3: read backwards from the second 3, the
+    /// text matches the tail for 8 tokens (back to the start), and that 3 was
+    /// followed by 4: 0.8 · 1.75^(8−2). The match ending at the first 3 (3
+    /// long) also points at 4; the longest counts.
+    #[test]
+    fn dry_penalty_grows_with_the_repeat_length() {
+        let context = [1, 2, 3, 4, 9, 1, 2, 3, 4, 9, 1, 2, 3];
+        let penalties = dry_penalties(&context, &DRY, no_breakers);
+        assert_close(&penalties, &[(4, 0.8 * 1.75f32.powi(6))]);
+    }
+
+    #[test]
+    fn dry_ignores_repeats_shorter_than_the_allowed_length() {
+        // The tail "2" repeats once (followed by 3), "1 2" does not.
+        assert!(dry_penalties(&[2, 3, 9, 1, 2], &DRY, no_breakers).is_empty());
+        let lenient = Dry {
+            allowed_length: 1,
+            ..DRY
+        };
+        assert_close(
+            &dry_penalties(&[2, 3, 9, 1, 2], &lenient, no_breakers),
+            &[(3, 0.8)],
+        );
+    }
+
+    /// 1 7 2 3 9 1 7 2: without breakers the tail "1 7 2" repeats and 3
+    /// gets 0.8 · 1.75; with 7 a breaker the match stops at it, leaving "2"
+    /// alone, too short. A breaker as the next token, or at the end of the
+    /// context, means no penalty.
+    #[test]
+    fn breakers_stop_a_match() {
+        let seven = |t: u32| t == 7;
+        assert!(dry_penalties(&[1, 7, 2, 3, 9, 1, 7, 2], &DRY, seven).is_empty());
+        assert_close(
+            &dry_penalties(&[1, 7, 2, 3, 9, 1, 7, 2], &DRY, no_breakers),
+            &[(3, 0.8 * 1.75)],
+        );
+        assert!(dry_penalties(&[1, 2, 7, 9, 1, 2], &DRY, seven).is_empty());
+        assert!(dry_penalties(&[1, 2, 3, 9, 1, 2, 7], &DRY, seven).is_empty());
+    }
+
+    #[test]
+    fn dry_searches_only_the_last_n_tokens() {
+        let near = Dry { last_n: 4, ..DRY };
+        // The last 4 tokens, 3 9 1 2, hold no earlier "1 2".
+        assert!(dry_penalties(&[1, 2, 3, 9, 1, 2], &near, no_breakers).is_empty());
+        let far = Dry { last_n: 6, ..DRY };
+        assert_close(
+            &dry_penalties(&[1, 2, 3, 9, 1, 2], &far, no_breakers),
+            &[(3, 0.8)],
+        );
+    }
+
+    /// 5 5 5 5 ends with "5 5 5", which occurred before (overlapping it)
+    /// followed by 5: length 3. A thousand 5s count as [`DRY_MAX_MATCH`], and
+    /// the penalty stays finite.
+    #[test]
+    fn dry_caps_long_repeats() {
+        assert_close(
+            &dry_penalties(&[5, 5, 5, 5], &DRY, no_breakers),
+            &[(5, 0.8 * 1.75)],
+        );
+        let penalties = dry_penalties(&[5; 1000], &DRY, no_breakers);
+        let uncapped = 0.8f64 * 1.75f64.powi((DRY_MAX_MATCH - 2) as i32);
+        assert_close(&penalties, &[(5, uncapped.min(DRY_MAX_PENALTY) as f32)]);
+        assert!(penalties[0].1.is_finite());
+    }
+
+    #[test]
+    fn common_prefix_lengths_match_a_naive_count() {
+        let s = [1u32, 2, 1, 2, 1, 3, 1, 2, 1, 2, 1, 2];
+        for limit in [1, 2, 3, 5, 50] {
+            let naive: Vec<usize> = (0..s.len())
+                .map(|k| match k {
+                    0 => 0,
+                    _ => s
+                        .iter()
+                        .zip(&s[k..])
+                        .take_while(|(a, b)| a == b)
+                        .count()
+                        .min(limit),
+                })
+                .collect();
+            assert_eq!(common_prefix_lengths(&s, limit), naive, "limit {limit}");
+        }
+    }
+
+    /// Generated 4 5 6 7 4 5: the 3-gram "4 5 6" exists, so after "4 5" only
+    /// 6 is banned; 2-grams after "5": 6; 1-grams: everything generated.
+    #[test]
+    fn ngram_bans_the_completing_token() {
+        let generated = [4, 5, 6, 7, 4, 5];
+        assert_eq!(ngram_bans(&generated, 3), vec![6]);
+        assert_eq!(ngram_bans(&generated, 2), vec![6]);
+        assert_eq!(ngram_bans(&generated, 1), vec![4, 5, 6, 7]);
+        assert!(ngram_bans(&generated, 4).is_empty());
+        assert!(ngram_bans(&generated, 0).is_empty());
+        assert!(ngram_bans(&[4, 5], 3).is_empty());
+        // Two continuations of "4 5" seen: both banned.
+        assert_eq!(ngram_bans(&[4, 5, 6, 4, 5, 8, 4, 5], 3), vec![6, 8]);
+    }
+
+    #[test]
+    fn the_ban_is_skipped_when_it_would_forbid_every_allowed_token() {
+        let inf = f32::NEG_INFINITY;
+        // A grammar allows only 1 and 3; banning both would leave nothing.
+        let mut masked = vec![inf, 0.5, inf, 0.2];
+        assert!(!apply_bans(&mut masked, &[1, 3]));
+        assert_eq!(masked, vec![inf, 0.5, inf, 0.2]);
+        // Banning one of them leaves the other.
+        assert!(apply_bans(&mut masked, &[1]));
+        assert_eq!(masked, vec![inf, inf, inf, 0.2]);
+    }
+
+    #[test]
+    fn the_sampler_skips_a_ban_that_would_leave_nothing() {
+        let config = SamplingConfig {
+            no_repeat_ngram: 1,
+            ..SamplingConfig::default()
+        };
+        let sampler = sampler(&config);
+        let inf = f32::NEG_INFINITY;
+        // Prompt 9, generated 1 2 3: all three banned by 1-grams.
+        let mut free = vec![0.0, 3.0, 2.0, 1.0, -1.0];
+        sampler.penalize(&mut free, &[9, 1, 2, 3], 1);
+        assert_eq!(free, vec![0.0, inf, inf, inf, -1.0]);
+        let mut masked = vec![inf, 3.0, 2.0, inf, inf];
+        sampler.penalize(&mut masked, &[9, 1, 2, 3], 1);
+        assert_eq!(masked, vec![inf, 3.0, 2.0, inf, inf]);
+    }
+
+    #[test]
+    fn the_sampler_applies_dry_before_picking() {
+        let config = SamplingConfig {
+            dry_multiplier: 1.0,
+            ..SamplingConfig::default()
+        };
+        let mut sampler = sampler(&config);
+        // 1 2 9 1: 1 once followed 2, a repeat of one token: free.
+        assert_eq!(sampler.sample(&logits(), &[1, 2, 9, 1], 0).unwrap(), 1);
+        // 9 2 1 3 9 2: the tail "9 2" once was followed by 1: 2.0 − 1.0 < 1.9.
+        assert_eq!(
+            sampler.sample(&logits(), &[9, 2, 1, 3, 9, 2], 0).unwrap(),
+            2
+        );
+    }
+
+    #[test]
+    fn token_marks_read_breakers_and_line_ends() {
+        let marks = TokenMarks::new(["a", "b\n", "key:", "\"", "end.", "why?", "x"], &[6]);
+        let breakers: Vec<bool> = (0..8).map(|t| marks.is_breaker(t)).collect();
+        assert_eq!(
+            breakers,
+            [false, true, true, true, false, false, true, false]
+        );
+        let ends: Vec<bool> = (0..8).map(|t| marks.may_end_unit(t)).collect();
+        assert_eq!(ends, [false, true, false, false, true, true, false, false]);
+    }
+
+    #[test]
+    fn the_loop_check_finds_a_repeated_line() {
+        let text = "The cat sat on the mat\nA dog barked\nthe cat  sat on the MAT\nmore";
+        let cut = repeated_unit(text).expect("the third line repeats the first");
+        assert_eq!(&text[..cut], "The cat sat on the mat\nA dog barked\n");
+    }
+
+    #[test]
+    fn the_loop_check_finds_a_repeated_sentence() {
+        let text = "He left the town. She stayed home! He left the town. Then";
+        let cut = repeated_unit(text).unwrap();
+        assert_eq!(&text[..cut], "He left the town. She stayed home! ");
+    }
+
+    #[test]
+    fn the_loop_check_passes_different_short_and_unfinished_units() {
+        assert_eq!(repeated_unit("He left the town. She left the town. "), None);
+        // Short lines may repeat: headings, list markers.
+        assert_eq!(repeated_unit("## Plot\n- a\n## Plot\n- a\n"), None);
+        // A sentence counts once whitespace follows its full stop.
+        assert_eq!(
+            repeated_unit("Prices rose by 3. Prices rose by 3.5 percent. "),
+            None
+        );
+        assert_eq!(repeated_unit("He left the town. He left the town."), None);
+        assert_eq!(
+            repeated_unit("He left the town. He left the town.\n"),
+            Some(18)
+        );
+        assert_eq!(repeated_unit(""), None);
     }
 }

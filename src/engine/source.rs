@@ -23,8 +23,12 @@ use sha2::{Digest, Sha256};
 
 use crate::{Error, Result};
 
-/// The model `--model` defaults to: small enough for tests and cache benchmarks.
-pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct";
+/// The model `--model` defaults to: the smallest shipped model whose
+/// summaries are worth reading (SmolLM2-135M loops, Qwen2.5-Coder-0.5B copies).
+pub const DEFAULT_MODEL: &str = "qwen2.5-coder-1.5b-instruct";
+
+/// The smallest shipped model: fast enough for tests and cache benchmarks.
+pub const SMALLEST_MODEL: &str = "smollm2-135m-instruct";
 
 /// The manifests shipped with prism. A unit test checks that every `models/*.json`
 /// is listed here, so a new manifest cannot be forgotten.
@@ -864,7 +868,8 @@ mod tests {
                 assert!(!part.member.is_empty());
             }
         }
-        assert_eq!(all[0].name, DEFAULT_MODEL);
+        assert_eq!(all[0].name, SMALLEST_MODEL);
+        assert!(all.iter().any(|manifest| manifest.name == DEFAULT_MODEL));
     }
 
     #[test]
@@ -899,7 +904,7 @@ mod tests {
 
     #[test]
     fn manifests_are_found_by_name_or_alias() {
-        assert_eq!(find_manifest("smollm2").unwrap().name, DEFAULT_MODEL);
+        assert_eq!(find_manifest("smollm2").unwrap().name, SMALLEST_MODEL);
         assert_eq!(find_manifest(DEFAULT_MODEL).unwrap().name, DEFAULT_MODEL);
         assert_eq!(
             find_manifest("Qwen-1.5B").unwrap().name,
@@ -971,7 +976,7 @@ mod tests {
         )
         .unwrap();
         let source = resolve_with("SmolLM2", empty.path(), &hub).unwrap();
-        assert_eq!(source.name(), DEFAULT_MODEL);
+        assert_eq!(source.name(), SMALLEST_MODEL);
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //! - [`revision`] applies one revision to a memory, or says why not.
 //! - [`render`] turns a memory (in place, or as amendments) into prompt text.
 //! - [`parse`] reads revisions out of raw model output.
+//! - [`screen`] takes out of a revision what the memory already holds or
+//!   what copies the prompt.
 //! - [`shipped`] holds the schemas of `schemas/`, compiled in.
 //!
 //! Nothing here does I/O apart from [`Schema::from_file`].
@@ -16,6 +18,7 @@ pub mod path;
 pub mod render;
 pub mod revision;
 pub mod schema;
+pub mod screen;
 pub mod shipped;
 
 pub use parse::{parse_memory, parse_revisions, ParsedMemory};
@@ -23,6 +26,7 @@ pub use path::{JsonPath, PathError, Segment};
 pub use render::{render_in_place, render_revision, Amendments};
 pub use revision::{apply, Op, Rejection, RejectionKind, Revision};
 pub use schema::{Next, NodeKind, PathPattern, Schema, SchemaNode};
+pub use screen::{Dropped, Redundancy, Screen, Screened};
 
 /// Helpers shared by the tests of this module's files.
 #[cfg(test)]

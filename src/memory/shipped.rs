@@ -6,14 +6,16 @@ pub const COK_BOOK: &str = include_str!("../../schemas/cok-book.json");
 pub const CODE: &str = include_str!("../../schemas/code.json");
 pub const ENTITY: &str = include_str!("../../schemas/entity.json");
 pub const SQL: &str = include_str!("../../schemas/sql.json");
+pub const SUMMARY: &str = include_str!("../../schemas/summary.json");
 
 /// Every shipped schema by name: its file name without `.json`.
-pub const ALL: [(&str, &str); 5] = [
+pub const ALL: [(&str, &str); 6] = [
     ("book", BOOK),
     ("cok-book", COK_BOOK),
     ("code", CODE),
     ("entity", ENTITY),
     ("sql", SQL),
+    ("summary", SUMMARY),
 ];
 
 /// The text of the shipped schema called `name`.

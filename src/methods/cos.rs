@@ -48,7 +48,7 @@
 //! show what that saves.
 
 use super::llm::{Llm, Prompt};
-use super::run::{Advance, Finish, Method, Position};
+use super::run::{blank_chunk, prompt_texts, Advance, Finish, Method, Position};
 use crate::chunk::Chunk;
 use crate::engine::Usage;
 use crate::error::{Error, Result};
@@ -681,6 +681,18 @@ impl Method for Cos<'_> {
 
     fn label(&self) -> String {
         "cos".to_string()
+    }
+
+    fn template_texts(&self) -> Vec<String> {
+        let blank = blank_chunk();
+        prompt_texts(&[
+            qa::generation_prompt("", 1, self.config.constrained),
+            self.thesis_prompt(&blank, ""),
+            // A draft that is blank but not empty asks for the rewrite.
+            self.thesis_prompt(&blank, " "),
+            self.refine_prompt(&blank, "", &[]),
+            qa::answer_prompt("", ""),
+        ])
     }
 
     fn start(&self, _chunks: &[Chunk]) -> CosState {

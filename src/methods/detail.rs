@@ -8,7 +8,7 @@
 
 use super::baseline::{earlier_segment, part_prompt, Call, EARLIER_HEADING};
 use super::llm::Llm;
-use super::run::{Advance, Finish, Method, Position};
+use super::run::{blank_chunk, prompt_texts, Advance, Finish, Method, Position};
 use crate::chunk::Chunk;
 use crate::error::{Error, Result};
 
@@ -122,6 +122,21 @@ impl Method for Detail<'_> {
         } else {
             "detail".to_string()
         }
+    }
+
+    fn template_texts(&self) -> Vec<String> {
+        let earlier = if self.config.recursive {
+            vec![String::new()]
+        } else {
+            Vec::new()
+        };
+        prompt_texts(&[part_prompt(
+            &self.config.query,
+            &blank_chunk(),
+            1,
+            &earlier,
+            None,
+        )])
     }
 
     fn start(&self, _chunks: &[Chunk]) -> DetailState {

@@ -10,7 +10,7 @@
 
 use super::baseline::{part_prompt, words_for, Call, SYSTEM};
 use super::llm::{Llm, Prompt};
-use super::run::{Advance, Finish, Method, Position};
+use super::run::{blank_chunk, prompt_texts, Advance, Finish, Method, Position};
 use crate::chunk::Chunk;
 use crate::error::{Error, Result};
 use std::ops::Range;
@@ -278,6 +278,16 @@ impl Method for Hierarchical<'_> {
 
     fn label(&self) -> String {
         "hierarchical".to_string()
+    }
+
+    /// The prompts as the top level writes them; lower levels differ only
+    /// in the number of words asked for.
+    fn template_texts(&self) -> Vec<String> {
+        let words = words_for(self.config.max_summary_tokens);
+        prompt_texts(&[
+            part_prompt(&self.config.query, &blank_chunk(), 1, &[], Some(words)),
+            self.merge_prompt(Some(""), &[merged_segment(0, "")], words),
+        ])
     }
 
     fn start(&self, chunks: &[Chunk]) -> HierarchicalState {

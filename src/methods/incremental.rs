@@ -9,7 +9,7 @@
 
 use super::baseline::{ends_mid_sentence, part_prompt, words_for, Call, SYSTEM};
 use super::llm::{Llm, Prompt};
-use super::run::{Advance, Finish, Method, Position};
+use super::run::{blank_chunk, prompt_texts, Advance, Finish, Method, Position};
 use crate::chunk::Chunk;
 use crate::error::Result;
 
@@ -221,6 +221,17 @@ impl Method for Incremental<'_> {
 
     fn label(&self) -> String {
         "incremental".to_string()
+    }
+
+    fn template_texts(&self) -> Vec<String> {
+        let blank = blank_chunk();
+        let words = words_for(self.config.max_summary_tokens);
+        let mut prompts = vec![
+            part_prompt(&self.config.query, &blank, 1, &[], Some(words)),
+            self.update_prompt("", &blank, 1),
+        ];
+        prompts.extend((0..MAX_COMPRESSIONS).map(|attempt| self.compression_prompt("", attempt)));
+        prompt_texts(&prompts)
     }
 
     fn start(&self, _chunks: &[Chunk]) -> IncrementalState {

@@ -66,6 +66,7 @@ impl Llm for EngineLlm<'_> {
         grammar: Option<&Grammar>,
     ) -> Result<Completion> {
         let ids = self.token_ids(prompt)?;
+        tracing::trace!(target: "prism::prompt", system = ?prompt.system, "{}", prompt.segments.concat());
         let options = GenerateOptions {
             max_tokens,
             grammar: grammar.cloned(),

@@ -17,6 +17,7 @@ pub mod prism;
 pub mod revision_grammar;
 pub mod run;
 pub mod schema_gen;
+pub mod whole;
 
 use crate::chunk::Chunk;
 use crate::error::Result;
@@ -52,6 +53,11 @@ pub enum MethodSpec {
     },
     Cos {
         config: cos::CosConfig,
+    },
+    /// The whole document in one call, when it fits the context: the
+    /// reference the chunked methods are judged against.
+    Whole {
+        config: whole::WholeConfig,
     },
 }
 
@@ -121,6 +127,9 @@ impl MethodSpec {
             }
             MethodSpec::Cos { config } => {
                 drive(&cos::Cos::new(config), llm, chunks, files, progress)
+            }
+            MethodSpec::Whole { config } => {
+                drive(&whole::Whole::new(config), llm, chunks, files, progress)
             }
         }
     }

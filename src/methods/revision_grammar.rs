@@ -3,26 +3,33 @@
 //! it admits parses as a revision whose value type-checks at its path.
 //!
 //! The grammar is in llguidance's Lark dialect; each value is an inline
-//! `%json` schema taken from the memory schema at that path, with bounds on
-//! string length and list size so that a small model cannot write forever.
-//! The same bounds make the JSON Schema of a whole memory, for methods that
-//! have the model write the memory out instead of revising it.
+//! `%json` schema taken from the memory schema at that path. It admits no
+//! revision at all, since a chunk may add nothing. Bounds on the number of
+//! lines, string length and list size are a safety net against a model that
+//! would write forever; they are sized not to bind in normal use, and
+//! [`binds_a_limit`] tells when one did. The same string bound makes the JSON
+//! Schema of a whole memory, for methods that have the model write the memory
+//! out instead of revising it.
 
 use crate::engine::constraint::fixed_spacing;
-use crate::memory::{JsonPath, Next, NodeKind, Op, Schema, SchemaNode};
+use crate::memory::{JsonPath, Next, NodeKind, Op, Revision, Schema, SchemaNode};
 use serde_json::{json, Map, Value};
 
-/// The longest string value a constrained revision may hold. With at most
-/// three lines of three such strings a step's output stays well inside the
-/// default 512-token revision budget, so no line is ever cut off unfinished.
-const MAX_STRING_CHARS: usize = 120;
-/// The most items a constrained list value may hold.
-const MAX_LIST_ITEMS: usize = 3;
+/// The most revision lines one constrained step may write. A line holds one
+/// note, and a dense chunk of 2,000 tokens may call for a few dozen.
+pub const MAX_LINES: usize = 48;
+/// The longest string value a constrained revision may hold: a few long
+/// sentences. A note cut here loses its end, so the bound sits well above
+/// what one note needs.
+pub const MAX_STRING_CHARS: usize = 600;
+/// The most items a list an `add` writes may hold. An `update` rewrites a
+/// whole list and is not bounded, so that it never cuts what was there.
+pub const MAX_LIST_ITEMS: usize = 8;
 /// How a new map key may be spelled: no quotes or backslashes, so it needs no
 /// escaping inside the path or the JSON line.
 const NEW_KEY: &str = r"/[A-Za-z0-9][A-Za-z0-9 ,_-]{0,40}/";
 
-/// A Lark grammar for between one and `max_lines` revision lines, each of the
+/// A Lark grammar for up to `max_lines` revision lines (none is fine), each of the
 /// form `{"op": "add", "path": "$.'Key'", "value": …}` followed by a newline.
 /// `update` lines are offered only when `updates` is set.
 ///
@@ -41,7 +48,7 @@ pub fn revision_grammar(
         return "start: \"\"\n".to_string();
     }
     format!(
-        "start: line{{1,{max_lines}}}\nline: {}\n{}",
+        "start: line{{0,{max_lines}}}\nline: {}\n{}",
         [rules.adds, rules.updates].concat().join(" | "),
         rules.definitions,
     )
@@ -65,7 +72,8 @@ impl LineRules {
         let mut update_names = Vec::new();
         let mut add_rule = |op: Op, path: PathText, node: &SchemaNode| {
             let name = format!("r{}", rules.len());
-            let mut value = value_schema(schema, node, 0, Some(MAX_LIST_ITEMS));
+            let max_items = (op == Op::Add).then_some(MAX_LIST_ITEMS);
+            let mut value = value_schema(schema, node, 0, max_items);
             if let Value::Object(map) = &mut value {
                 map.insert("x-guidance".into(), fixed_spacing());
             }
@@ -87,14 +95,11 @@ impl LineRules {
                     PathText::fixed(&pattern.prefix.key(name.clone())),
                     node,
                 ),
-                // A list grows by `add` at the list itself with a list of new items:
+                // A list grows by `add` at the list itself with one new item:
                 // unlike its next index, that path stays valid however many lines
-                // of the same step add to it.
-                Next::Index(_) => {
-                    if let Some(list) = schema.at_path(&pattern.prefix) {
-                        add_rule(Op::Add, PathText::fixed(&pattern.prefix), list);
-                    }
-                }
+                // of the same step add to it, and one item per line is the form
+                // the prompt teaches (see `methods::prism::prompt`).
+                Next::Index(_) => add_rule(Op::Add, PathText::fixed(&pattern.prefix), node),
             }
         }
         if updates {
@@ -108,6 +113,22 @@ impl LineRules {
             definitions: format!("{}\nKEY: {NEW_KEY}\n", rules.join("\n")),
         }
     }
+}
+
+/// Whether `revision` reached a bound of the grammar: a string of
+/// [`MAX_STRING_CHARS`], or an added list of [`MAX_LIST_ITEMS`].
+pub fn binds_a_limit(revision: &Revision) -> bool {
+    fn long_string(value: &Value) -> bool {
+        match value {
+            Value::String(text) => text.chars().count() >= MAX_STRING_CHARS,
+            Value::Array(items) => items.iter().any(long_string),
+            Value::Object(members) => members.values().any(long_string),
+            _ => false,
+        }
+    }
+    let full_list = revision.op == Op::Add
+        && matches!(&revision.value, Value::Array(items) if items.len() >= MAX_LIST_ITEMS);
+    full_list || long_string(&revision.value)
 }
 
 /// Lark expressions for the path of each key an `add` could create in
@@ -266,17 +287,52 @@ mod tests {
     fn an_empty_book_memory_offers_new_keys_only() {
         let grammar = revision_grammar(&load("book.json"), &json!({}), true, 3);
         assert!(
-            grammar.starts_with("start: line{1,3}\nline: r0\n"),
+            grammar.starts_with("start: line{0,3}\nline: r0\n"),
             "{grammar}"
         );
         assert!(grammar
             .contains(r#"r0: "{\"op\": \"add\", \"path\": \"$.'" KEY "'\", \"value\": " %json "#));
-        assert!(grammar.contains(r#""maxItems":3"#));
+        assert!(grammar.contains(r#""maxItems":8"#));
         assert!(
-            grammar.contains(r#""pattern":"^[^<>]{0,120}$""#),
+            grammar.contains(r#""pattern":"^[^<>]{0,600}$""#),
             "{grammar}"
         );
         assert!(!grammar.contains("update"));
+    }
+
+    #[test]
+    fn a_list_grows_one_item_per_line_and_no_line_is_fine() {
+        let grammar = revision_grammar(
+            &load("summary.json"),
+            &json!({"events": [], "people": {}, "setting": [], "themes": []}),
+            true,
+            4,
+        );
+        assert!(grammar.starts_with("start: line{0,4}\n"), "{grammar}");
+        assert!(
+            grammar.contains(
+                r#""{\"op\": \"add\", \"path\": \"$.events" "\", \"value\": " %json {"type":"string""#
+            ),
+            "{grammar}"
+        );
+    }
+
+    #[test]
+    fn limits_bind_only_at_their_bounds() {
+        let note = |chars: usize| Value::String("a".repeat(chars));
+        let path = JsonPath::parse("$.events").unwrap();
+        assert!(!binds_a_limit(&Revision::add(
+            path.clone(),
+            note(MAX_STRING_CHARS - 1)
+        )));
+        assert!(binds_a_limit(&Revision::add(
+            path.clone(),
+            note(MAX_STRING_CHARS)
+        )));
+        let full = Value::Array(vec![note(5); MAX_LIST_ITEMS]);
+        assert!(binds_a_limit(&Revision::add(path.clone(), full.clone())));
+        // An update may rewrite a list of any length.
+        assert!(!binds_a_limit(&Revision::update(path, full)));
     }
 
     #[test]

@@ -11,8 +11,10 @@
 use super::llm::{Completion, Llm, Prompt};
 use crate::chunk::Chunk;
 use crate::engine::constraint::Grammar;
+use crate::engine::sampling::SamplingConfig;
 use crate::error::{Error, Result};
 use crate::metrics::{Figures, Ledger};
+use crate::quality::degeneration::{echo_share, repeated_ngram_share};
 use crate::rundir::{Checkpoint, RunDir};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -28,6 +30,10 @@ pub trait Method {
 
     /// The name `stats.json` reports, e.g. `prism-amendments`.
     fn label(&self) -> String;
+    /// The constant text of this method's prompts (instructions, worked
+    /// examples, schema description) that a summary should never copy; what
+    /// `stats.json`'s `echo_share` looks for in the summary.
+    fn template_texts(&self) -> Vec<String>;
     /// The state before the first unit.
     fn start(&self, chunks: &[Chunk]) -> Self::State;
     /// Where the run stands, for progress reports.
@@ -40,6 +46,33 @@ pub trait Method {
         state: &mut Self::State,
         chunks: &[Chunk],
     ) -> Result<Advance<Self::Step>>;
+}
+
+/// The texts of `prompts`, built without document text (a [`blank_chunk`],
+/// empty summaries and memories), as [`Method::template_texts`] returns
+/// them: system turns and segments, trimmed, each once, blanks left out.
+pub fn prompt_texts(prompts: &[Prompt]) -> Vec<String> {
+    let mut texts: Vec<String> = Vec::new();
+    for prompt in prompts {
+        for text in prompt.system.iter().chain(&prompt.segments) {
+            let text = text.trim();
+            if !text.is_empty() && !texts.iter().any(|seen| seen == text) {
+                texts.push(text.to_string());
+            }
+        }
+    }
+    texts
+}
+
+/// A chunk with no text, to build a method's prompts without a document
+/// for [`prompt_texts`].
+pub fn blank_chunk() -> Chunk {
+    Chunk {
+        index: 0,
+        text: String::new(),
+        tokens: 0,
+        start_byte: 0,
+    }
 }
 
 /// What a unit of work ended with.
@@ -97,6 +130,8 @@ pub struct RunFiles<'a> {
     pub resume: bool,
     /// Stop after this many units in this session (the run stays resumable).
     pub stop_after: Option<usize>,
+    /// How the model picks tokens in this run, recorded in `stats.json`.
+    pub sampling: SamplingConfig,
 }
 
 /// The final figures of a run, as `stats.json`.
@@ -111,8 +146,16 @@ pub struct Stats {
     pub steps: usize,
     pub summary_tokens: usize,
     pub summary_words: usize,
+    /// The share of the summary's word 4-grams that occur in it more than
+    /// once, in 0..1 ([`repeated_ngram_share`]): high when it loops.
+    pub repeated_ngram_share: f64,
+    /// The share of the summary's sentences copied from the method's prompt
+    /// texts, in 0..1 ([`echo_share`]).
+    pub echo_share: f64,
     /// Seconds of work over every session of the run.
     pub wall_seconds: f64,
+    /// How the model picked tokens.
+    pub sampling: SamplingConfig,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -218,7 +261,10 @@ pub fn drive<M: Method>(
         steps: completed,
         summary_tokens: llm.count_tokens(&summary)?,
         summary_words: summary.split_whitespace().count(),
+        repeated_ngram_share: repeated_ngram_share(&summary),
+        echo_share: echo_share(&summary, &method.template_texts()),
         wall_seconds: saved.seconds,
+        sampling: files.sampling.clone(),
         extra: finish.stats,
     };
     dir.write_text(RunDir::SUMMARY, &format!("{summary}\n"))?;

@@ -13,9 +13,9 @@ use super::{chunk_segment, memory_segments, Call, Cok, CokState, Step};
 use crate::chunk::Chunk;
 use crate::engine::constraint::Grammar;
 use crate::error::Result;
-use crate::memory::{render_revision, JsonPath, NodeKind, Revision, Schema, Segment};
+use crate::memory::{render_revision, JsonPath, Next, NodeKind, Revision, Schema, Segment};
 use crate::methods::llm::Llm;
-use crate::methods::prism::{apply_revisions, example_add};
+use crate::methods::prism::apply_revisions;
 use crate::methods::revision_grammar::{lark_string, new_key_paths, LineRules};
 use serde_json::Value;
 
@@ -60,6 +60,14 @@ impl KeyChain {
     }
 }
 
+/// What the model is asked to write after chunk `index` (from 0).
+pub(super) fn request(index: usize) -> String {
+    format!(
+        "\n## Your answer\nWrite the five parts for chunk {}, and nothing else.\n",
+        index + 1
+    )
+}
+
 /// Read `chunk` into the memory through a key chain and revisions.
 pub(super) fn step(
     cok: &Cok,
@@ -71,10 +79,7 @@ pub(super) fn step(
 ) -> Result<Step> {
     let mut tail = memory_segments(&state.memory);
     tail.push(chunk_segment(chunk, chunks));
-    tail.push(format!(
-        "\n## Your answer\nWrite the five parts for chunk {}, and nothing else.\n",
-        chunk.index + 1
-    ));
+    tail.push(request(chunk.index));
     let prompt = cok.prompt(tail);
     let keys = memory_keys(schema, &state.memory);
     // Listing the keys is the chain's own overhead; the step budget is for the revisions.
@@ -90,7 +95,7 @@ pub(super) fn step(
     });
     let completion = llm.complete(&prompt, max_tokens, grammar.as_ref())?;
     let (chain, revisions) = parse_chain(&completion.text);
-    let (applied, rejected) = apply_revisions(&mut state.memory, &revisions, schema, true);
+    let (applied, rejected) = apply_revisions(&mut state.memory, &revisions, schema, true, None);
     state.counts.revisions_applied += applied.len();
     state.counts.revisions_rejected += rejected.len();
     state.counts.chains_complete += usize::from(chain.is_complete());
@@ -327,6 +332,36 @@ fn list_rule(name: &str, items: &[String]) -> String {
         "{name}: \"[]\" | \"[\" {name}_item (\", \" {name}_item)* \"]\"\n{name}_item: {}\n",
         items.join(" | ")
     )
+}
+
+/// An `add` revision at the first place an empty memory can grow, named
+/// `new_key` where the model would choose a key, with a placeholder value.
+fn example_add(schema: &Schema, new_key: &str) -> Option<Revision> {
+    let empty = schema.empty_memory();
+    let (pattern, node) = schema.add_targets(&empty).into_iter().next()?;
+    let path = match &pattern.next {
+        Next::NewKey => pattern.prefix.key(new_key),
+        Next::Key(name) => pattern.prefix.key(name.clone()),
+        Next::Index(index) => pattern.prefix.index(*index),
+    };
+    Some(Revision::add(path, placeholder(schema, node, 0)))
+}
+
+/// A value of `node`'s type with `<…>` placeholders for its text.
+fn placeholder(schema: &Schema, node: &crate::memory::SchemaNode, depth: usize) -> Value {
+    match &schema.resolve(node).kind {
+        _ if depth > 3 => Value::String("<…>".into()),
+        NodeKind::Array { items } => Value::Array(vec![placeholder(schema, items, depth + 1)]),
+        NodeKind::Object { properties, .. } => Value::Object(
+            properties
+                .iter()
+                .map(|(key, child)| (key.clone(), placeholder(schema, child, depth + 1)))
+                .collect(),
+        ),
+        NodeKind::Number | NodeKind::Integer => Value::from(0),
+        NodeKind::Boolean => Value::Bool(true),
+        _ => Value::String("<what this chunk says>".into()),
+    }
 }
 
 #[cfg(test)]

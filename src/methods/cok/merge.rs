@@ -18,6 +18,12 @@ use crate::memory::Schema;
 use crate::methods::llm::Llm;
 use serde_json::Value;
 
+/// What the model is asked to write after a chunk.
+pub(super) const GENERATE_REQUEST: &str = "\n## Your answer\nWrite the memory of this chunk alone, as one JSON object. Write nothing else.\n";
+
+/// What the model is asked to write to rid the merged memory of repeats.
+pub(super) const DEDUP_REQUEST: &str = "\n## Your answer\nThe memory above was put together from memories of separate chunks, so it repeats itself. Write it again without repeats: keys that name the same thing become one key, notes that say the same thing become one note, and every distinct fact stays. Write one JSON object and nothing else.\n";
+
 /// Have the model write a memory of `chunk` alone and merge it into the
 /// memory; returns the step, and [`Phase::Dedup`] when the merge met a memory
 /// that already held something.
@@ -29,10 +35,7 @@ pub(super) fn generate(
     chunk: &Chunk,
     chunks: usize,
 ) -> Result<(Step, Option<Phase>)> {
-    let tail = vec![
-        chunk_segment(chunk, chunks),
-        "\n## Your answer\nWrite the memory of this chunk alone, as one JSON object. Write nothing else.\n".to_string(),
-    ];
+    let tail = vec![chunk_segment(chunk, chunks), GENERATE_REQUEST.to_string()];
     let (mut step, read) = cok.rewrite(
         llm,
         Call::Generate,
@@ -59,7 +62,7 @@ pub(super) fn generate(
 /// Have the model rewrite the memory without repeats.
 pub(super) fn dedup(cok: &Cok, llm: &mut dyn Llm, state: &mut CokState) -> Result<Step> {
     let mut tail = memory_segments(&state.memory);
-    tail.push("\n## Your answer\nThe memory above was put together from memories of separate chunks, so it repeats itself. Write it again without repeats: keys that name the same thing become one key, notes that say the same thing become one note, and every distinct fact stays. Write one JSON object and nothing else.\n".to_string());
+    tail.push(DEDUP_REQUEST.to_string());
     let (mut step, read) = cok.rewrite(
         llm,
         Call::Dedup,

@@ -26,7 +26,7 @@ mod update;
 use super::llm::{Completion, Llm, Prompt};
 use super::prism::Refused;
 use super::revision_grammar::memory_json_schema;
-use super::run::{Advance, Finish, Method, Position};
+use super::run::{prompt_texts, Advance, Finish, Method, Position};
 use crate::chunk::Chunk;
 use crate::engine::constraint::Grammar;
 use crate::error::{Error, Result};
@@ -300,18 +300,8 @@ impl<'a> Cok<'a> {
     /// or no shorter is refused and the memory stays as it was.
     fn compress(&self, llm: &mut dyn Llm, state: &mut CokState) -> Result<Step> {
         let before = state.memory_tokens;
-        let form = match self.kind {
-            Kind::GuText => "Write plain prose",
-            _ => "Write one JSON object of the same shape",
-        };
         let mut tail = memory_segments(&state.memory);
-        tail.push(format!(
-            "\n## Your answer\nThe memory above has grown to {before} tokens; it must stay under {limit}. Write it again in about {words} words: merge notes that repeat each other, keep what comes up often and what matters most for the query, and leave out minor details. {form}, and nothing else.\n",
-            limit = self.limit,
-            // Half the limit, in words of about 1.3 tokens: room for a few
-            // chunks before the next compression.
-            words = self.limit * 3 / 8,
-        ));
+        tail.push(self.compress_request(before));
         let (mut step, read) =
             self.rewrite(llm, Call::Compress, None, &state.memory, tail, self.limit)?;
         let shorter = match read {
@@ -340,6 +330,29 @@ impl<'a> Cok<'a> {
         Ok(step)
     }
 
+    /// What the model is asked to write to shrink a memory of `before` tokens.
+    fn compress_request(&self, before: usize) -> String {
+        let form = match self.kind {
+            Kind::GuText => "Write plain prose",
+            _ => "Write one JSON object of the same shape",
+        };
+        format!(
+            "\n## Your answer\nThe memory above has grown to {before} tokens; it must stay under {limit}. Write it again in about {words} words: merge notes that repeat each other, keep what comes up often and what matters most for the query, and leave out minor details. {form}, and nothing else.\n",
+            limit = self.limit,
+            // Half the limit, in words of about 1.3 tokens: room for a few
+            // chunks before the next compression.
+            words = self.limit * 3 / 8,
+        )
+    }
+
+    /// What the model is asked to write once the document has ended.
+    fn answer_request(&self) -> String {
+        format!(
+            "\n## Your answer\nThe document has ended and the memory above is complete. Using only the memory, answer the query in plain prose, not JSON:\n{}\n",
+            self.config.query
+        )
+    }
+
     /// Read the next chunk the way this method does; returns the step and the
     /// phase it calls for next, if it calls for one.
     fn read(
@@ -361,10 +374,7 @@ impl<'a> Cok<'a> {
     /// Answer the query from the final memory.
     fn finish(&self, llm: &mut dyn Llm, state: &CokState) -> Result<Finish> {
         let mut tail = memory_segments(&state.memory);
-        tail.push(format!(
-            "\n## Your answer\nThe document has ended and the memory above is complete. Using only the memory, answer the query in plain prose, not JSON:\n{}\n",
-            self.config.query
-        ));
+        tail.push(self.answer_request());
         let completion = llm.complete(&self.prompt(tail), self.config.answer_tokens, None)?;
         Ok(Finish {
             summary: completion.text.trim().to_string(),
@@ -410,6 +420,28 @@ impl Method for Cok<'_> {
             label.push_str("-unconstrained");
         }
         label
+    }
+
+    /// The preamble holds the schema's title, description and types, and
+    /// chain-of-key's worked example.
+    fn template_texts(&self) -> Vec<String> {
+        let mut requests = match self.kind {
+            Kind::GuText | Kind::GuJson(_) => vec![update::request(self.kind, 0)],
+            Kind::GmJson(_) => vec![
+                merge::GENERATE_REQUEST.to_string(),
+                merge::DEDUP_REQUEST.to_string(),
+            ],
+            Kind::Cok(_) => vec![chain::request(0)],
+        };
+        if self.config.memory_token_limit.is_some() {
+            requests.push(self.compress_request(self.limit));
+        }
+        requests.push(self.answer_request());
+        let prompts: Vec<Prompt> = requests
+            .into_iter()
+            .map(|request| self.prompt(vec![request]))
+            .collect();
+        prompt_texts(&prompts)
     }
 
     fn start(&self, _chunks: &[Chunk]) -> CokState {

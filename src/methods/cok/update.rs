@@ -8,6 +8,18 @@ use crate::chunk::Chunk;
 use crate::error::Result;
 use crate::methods::llm::Llm;
 
+/// What the model is asked to write after chunk `index` (from 0).
+pub(super) fn request(kind: Kind, index: usize) -> String {
+    let form = match kind {
+        Kind::GuText => "in plain prose",
+        _ => "as one JSON object",
+    };
+    format!(
+        "\n## Your answer\nWrite the whole memory again, {form}, so that it also covers chunk {}. Write nothing else.\n",
+        index + 1
+    )
+}
+
 /// Read `chunk` into the memory by having the model rewrite it.
 pub(super) fn step(
     cok: &Cok,
@@ -16,16 +28,9 @@ pub(super) fn step(
     chunk: &Chunk,
     chunks: usize,
 ) -> Result<Step> {
-    let form = match cok.kind {
-        Kind::GuText => "in plain prose",
-        _ => "as one JSON object",
-    };
     let mut tail = memory_segments(&state.memory);
     tail.push(chunk_segment(chunk, chunks));
-    tail.push(format!(
-        "\n## Your answer\nWrite the whole memory again, {form}, so that it also covers chunk {}. Write nothing else.\n",
-        chunk.index + 1
-    ));
+    tail.push(request(cok.kind, chunk.index));
     let (mut step, read) = cok.rewrite(
         llm,
         Call::Update,

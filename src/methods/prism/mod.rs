@@ -10,18 +10,24 @@
 //! When the amendments grow so long that the next prompt would not fit the
 //! context, they are folded into one object and appending starts again.
 
+mod prompt;
+
 use super::llm::{Llm, Prompt};
-use super::revision_grammar::revision_grammar;
+use super::revision_grammar::{binds_a_limit, revision_grammar, MAX_LINES};
 use super::run::{Advance, Finish, Method, Position};
 use crate::chunk::Chunk;
 use crate::engine::constraint::Grammar;
 use crate::error::Result;
 use crate::memory::{
-    apply, parse_revisions, render_in_place, render_revision, Amendments, Next, Op, Rejection,
-    Revision, Schema,
+    apply, parse_revisions, render_in_place, render_revision, Amendments, Dropped, Op, Redundancy,
+    Rejection, Revision, Schema, Screen,
 };
 use crate::metrics::Figures;
 use crate::rundir::RunDir;
+use prompt::{
+    answer_request, preamble, ANSWER_SYSTEM, EMPTY_MEMORY, REVISION_REQUEST, SUMMARIZE_NOTES,
+    SYSTEM,
+};
 use serde_json::Value;
 use std::time::Instant;
 
@@ -51,8 +57,18 @@ pub struct PrismConfig {
     pub constrained: bool,
 }
 
-/// The most revision lines one constrained step may write.
-const MAX_CONSTRAINED_LINES: usize = 3;
+/// Why a revision, or part of one, was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalKind {
+    /// It did not parse, or did not fit the schema or the memory.
+    #[default]
+    Invalid,
+    /// The memory already said it.
+    Duplicate,
+    /// It copied the instructions, the examples or the schema.
+    Echo,
+}
 
 /// A revision the program refused, with the reason.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -60,6 +76,8 @@ pub struct Refused {
     /// The revision as parsed; absent when the text did not parse (the reason quotes it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<String>,
+    #[serde(default)]
+    pub kind: RefusalKind,
     pub reason: String,
 }
 
@@ -78,6 +96,10 @@ pub struct Step {
     /// because appending to them would no longer fit the context.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub consolidated: bool,
+    /// A safety limit of the step bound: its line count, a string's length, a
+    /// list's size, or its token budget.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub capped: bool,
     /// What the model wrote, verbatim.
     pub output: String,
     pub seconds: f64,
@@ -94,6 +116,15 @@ pub struct PrismState {
     pub chunks_read: usize,
     pub revisions_applied: usize,
     pub revisions_rejected: usize,
+    /// Values refused because the memory already held them.
+    #[serde(default)]
+    pub revisions_duplicate: usize,
+    /// Values refused because they copied the prompt or the schema.
+    #[serde(default)]
+    pub revisions_echo: usize,
+    /// Steps where a safety limit on the revisions bound.
+    #[serde(default)]
+    pub revisions_capped: usize,
     /// Times the amendments were folded into their base to make room.
     #[serde(default)]
     pub consolidations: usize,
@@ -108,6 +139,9 @@ impl PrismState {
             chunks_read: 0,
             revisions_applied: 0,
             revisions_rejected: 0,
+            revisions_duplicate: 0,
+            revisions_echo: 0,
+            revisions_capped: 0,
             consolidations: 0,
         }
     }
@@ -117,23 +151,30 @@ impl PrismState {
 pub struct Prism<'a> {
     config: &'a PrismConfig,
     schema: &'a Schema,
-    /// Instructions, query and schema: the first, never-changing user segment.
+    /// Instructions, worked examples, query and schema: the first,
+    /// never-changing user segment, and so a prefix every call reuses.
     preamble: String,
-    /// A revision line with placeholders, shaped like the schema's first new entry.
-    example_line: String,
+    /// Everything the prompts say that is not the document or the memory,
+    /// so that copies of it are kept out of the memory.
+    screen: Screen,
 }
-
-const SYSTEM: &str = "You keep a structured memory of a long document that you read one chunk at a time. You change the memory only by writing revisions in the exact format asked for.";
 
 impl<'a> Prism<'a> {
     pub fn new(config: &'a PrismConfig, schema: &'a Schema) -> Self {
         let preamble = preamble(config, schema);
-        let example_line = example_line(schema);
+        let screen = Screen::new([
+            SYSTEM,
+            preamble.as_str(),
+            REVISION_REQUEST,
+            ANSWER_SYSTEM,
+            SUMMARIZE_NOTES,
+            EMPTY_MEMORY,
+        ]);
         Prism {
             config,
             schema,
             preamble,
-            example_line,
+            screen,
         }
     }
 
@@ -142,51 +183,37 @@ impl<'a> Prism<'a> {
         let mut segments = vec![self.preamble.clone()];
         segments.extend(self.memory_segments(state));
         segments.push(format!(
-            "\n## Chunk {} of {}\n{}\n",
+            "Text (chunk {} of {}):\n{}\n",
             chunk.index + 1,
             chunks,
             chunk.text.trim_end()
         ));
-        segments.push(self.revision_request());
+        segments.push(REVISION_REQUEST.to_string());
         Prompt {
             system: Some(SYSTEM.to_string()),
             segments,
         }
     }
 
-    /// The prompt for the final answer from the finished memory.
-    pub fn answer_prompt(&self, state: &PrismState) -> Prompt {
-        let mut segments = vec![self.preamble.clone()];
-        segments.extend(self.memory_segments(state));
-        segments.push(format!(
-            "\nThe document has ended and the memory above is complete. Using only the memory, answer the query in plain prose, not JSON:\n{}\n",
-            self.config.query
-        ));
+    /// The prompt for one part of the final answer: a fixed opening shared
+    /// by every part, then the notes this part condenses. Neither the rest of
+    /// the memory nor the revision prompt's opening is shown: given the whole
+    /// memory the model summarizes all of it again in every part, and given
+    /// the worked examples it retells them.
+    pub fn answer_prompt(&self, part: &AnswerPart) -> Prompt {
         Prompt {
-            system: Some(SYSTEM.to_string()),
-            segments,
+            system: Some(ANSWER_SYSTEM.to_string()),
+            segments: vec![answer_request(part)],
         }
     }
 
     fn memory_segments(&self, state: &PrismState) -> Vec<String> {
-        let mut segments = vec!["\n## Memory\n".to_string()];
+        let mut segments = vec!["\nMemory so far:\n".to_string()];
         match self.config.memory {
             MemoryMode::InPlace => segments.push(render_in_place(&state.memory)),
             MemoryMode::Amendments => segments.extend(state.amendments.segments()),
         }
         segments
-    }
-
-    fn revision_request(&self) -> String {
-        let ops = if self.config.updates {
-            "\"add\" creates a path that does not exist yet or appends to an existing list; \"update\" replaces what an existing path holds"
-        } else {
-            "\"add\" only: it creates a path that does not exist yet or appends to an existing list"
-        };
-        format!(
-            "\n## Your revisions\nWrite the revisions this chunk calls for, one JSON object per line, and nothing else. Each line has an op ({ops}), a path in the memory, and a value of the type the schema gives that path, in this form:\n{}\nUse the names, places and events of this chunk; do not copy the placeholders.\n",
-            self.example_line
-        )
     }
 
     /// Run the revision step for `chunk` and fold its revisions into `state`.
@@ -207,13 +234,23 @@ impl<'a> Prism<'a> {
                 self.schema,
                 &state.memory,
                 self.config.updates,
-                MAX_CONSTRAINED_LINES,
+                MAX_LINES,
             ))
         });
         let completion = llm.complete(&prompt, self.config.revision_tokens, grammar.as_ref())?;
         let (applied, rejected) = self.fold(state, &completion.text);
+        let capped = completion.usage.output_tokens >= self.config.revision_tokens
+            || applied.len() + rejected.len() >= MAX_LINES
+            || applied.iter().any(binds_a_limit);
         state.revisions_applied += applied.len();
-        state.revisions_rejected += rejected.len();
+        for refusal in &rejected {
+            match refusal.kind {
+                RefusalKind::Invalid => state.revisions_rejected += 1,
+                RefusalKind::Duplicate => state.revisions_duplicate += 1,
+                RefusalKind::Echo => state.revisions_echo += 1,
+            }
+        }
+        state.revisions_capped += usize::from(capped);
         let figures = Figures::of(&completion.usage);
         Ok(Step {
             chunk: chunk.index,
@@ -225,6 +262,7 @@ impl<'a> Prism<'a> {
             applied,
             rejected,
             consolidated,
+            capped,
             output: completion.text,
             seconds: start.elapsed().as_secs_f64(),
         })
@@ -255,35 +293,122 @@ impl<'a> Prism<'a> {
         Ok((prompt_of(state), true))
     }
 
-    /// Parse `output` and apply each revision that checks out, in order.
+    /// Parse `output`, take out of each revision what is redundant, and apply
+    /// what is left when it checks out, in order.
     fn fold(&self, state: &mut PrismState, output: &str) -> (Vec<Revision>, Vec<Refused>) {
-        let (applied, rejected) =
-            apply_revisions(&mut state.memory, output, self.schema, self.config.updates);
+        let (applied, rejected) = apply_revisions(
+            &mut state.memory,
+            output,
+            self.schema,
+            self.config.updates,
+            Some(&self.screen),
+        );
         for revision in &applied {
             state.amendments.push(revision.clone());
         }
         (applied, rejected)
     }
 
-    /// Ask for the final answer from the memory.
-    pub fn answer(&self, llm: &mut dyn Llm, state: &mut PrismState) -> Result<String> {
-        let (prompt, _) =
-            self.prompt_that_fits(llm, state, self.config.answer_tokens, |state| {
-                self.answer_prompt(state)
-            })?;
-        let completion = llm.complete(&prompt, self.config.answer_tokens, None)?;
-        Ok(completion.text.trim().to_string())
+    /// Write the final answer from the memory, part by part: each call
+    /// condenses a run of its notes into a few sentences, and the parts are
+    /// joined in memory order. A small model asked to summarize a long memory
+    /// in one call copies it out; asked to condense five notes it writes two
+    /// good sentences.
+    pub fn answer(&self, llm: &mut dyn Llm, state: &PrismState) -> Result<String> {
+        let parts = answer_parts(&memory_notes(&state.memory), self.config.answer_tokens);
+        let part_tokens = self.config.answer_tokens / parts.len().max(1);
+        let mut answer = Vec::with_capacity(parts.len());
+        for part in &parts {
+            let completion = llm.complete(&self.answer_prompt(part), part_tokens, None)?;
+            let text = completion.text.trim();
+            let text = if completion.usage.output_tokens < part_tokens {
+                text
+            } else {
+                text.rfind(['.', '!', '?'])
+                    .map_or(text, |end| &text[..=end])
+            };
+            if !text.is_empty() {
+                answer.push(text.to_string());
+            }
+        }
+        Ok(answer.join("\n\n"))
     }
+}
+
+/// The notes of a memory, in memory order: every string, led by the key it
+/// sits under when that key is deeper than the top level (a person's name,
+/// say), so that a note read alone still says what it is about.
+fn memory_notes(memory: &Value) -> Vec<String> {
+    fn walk(value: &Value, key: Option<&str>, depth: usize, notes: &mut Vec<String>) {
+        match value {
+            Value::String(text) if !text.trim().is_empty() => notes.push(match key {
+                Some(key) if depth > 1 => format!("{key}: {}", text.trim()),
+                _ => text.trim().to_string(),
+            }),
+            Value::Array(items) => {
+                for item in items {
+                    walk(item, key, depth, notes);
+                }
+            }
+            Value::Object(members) => {
+                for (name, member) in members {
+                    walk(member, Some(name), depth + 1, notes);
+                }
+            }
+            Value::Number(_) | Value::Bool(_) => {
+                if let Some(key) = key {
+                    notes.push(format!("{key}: {value}"));
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut notes = Vec::new();
+    walk(memory, None, 0, &mut notes);
+    notes
+}
+
+/// Notes one part of the final answer condenses, when there are many.
+const NOTES_PER_PART: usize = 5;
+/// The fewest tokens one part of the answer is given.
+const MIN_PART_TOKENS: usize = 80;
+
+/// The notes split into consecutive runs of about [`NOTES_PER_PART`], in as
+/// many parts as `answer_tokens` can give [`MIN_PART_TOKENS`] each. An empty
+/// memory still gets one part, which says so.
+fn answer_parts(notes: &[String], answer_tokens: usize) -> Vec<AnswerPart> {
+    let max_parts = (answer_tokens / MIN_PART_TOKENS).max(1);
+    let parts = notes.len().div_ceil(NOTES_PER_PART).clamp(1, max_parts);
+    let per_part = notes.len().div_ceil(parts).max(1);
+    let mut chunks: Vec<AnswerPart> = notes
+        .chunks(per_part)
+        .map(|run| AnswerPart {
+            notes: run.to_vec(),
+        })
+        .collect();
+    if chunks.is_empty() {
+        chunks.push(AnswerPart { notes: Vec::new() });
+    }
+    chunks
+}
+
+/// A run of notes that one call of the final answer condenses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AnswerPart {
+    pub notes: Vec<String>,
 }
 
 /// Parse the revisions in `output` and apply to `memory` each one that checks
 /// out against `schema`, in order; `update`s are refused unless `updates`.
+/// With a `screen`, the parts of a revision that the memory already holds or
+/// that copy the prompt are taken out first.
 /// Returns what was applied and what was refused, with the reasons.
 pub(crate) fn apply_revisions(
     memory: &mut Value,
     output: &str,
     schema: &Schema,
     updates: bool,
+    screen: Option<&Screen>,
 ) -> (Vec<Revision>, Vec<Refused>) {
     let mut applied = Vec::new();
     let mut rejected = Vec::new();
@@ -293,87 +418,64 @@ pub(crate) fn apply_revisions(
             Err(reason) => {
                 rejected.push(Refused {
                     revision: None,
+                    kind: RefusalKind::Invalid,
                     reason,
                 });
                 continue;
             }
         };
-        let outcome = if !updates && revision.op == Op::Update {
-            Err(Rejection::update_disabled(&revision))
-        } else {
-            apply(memory, &revision, schema)
+        if !updates && revision.op == Op::Update {
+            rejected.push(invalid(&revision, Rejection::update_disabled(&revision)));
+            continue;
+        }
+        let revision = match screen {
+            Some(screen) => {
+                let screened = screen.screen(memory, &revision);
+                rejected.extend(
+                    screened
+                        .dropped
+                        .iter()
+                        .map(|dropped| redundant(&revision, dropped)),
+                );
+                match screened.kept {
+                    Some(kept) => kept,
+                    None => continue,
+                }
+            }
+            None => revision,
         };
-        match outcome {
+        match apply(memory, &revision, schema) {
             Ok(next) => {
                 *memory = next;
                 applied.push(revision);
             }
-            Err(rejection) => rejected.push(Refused {
-                revision: Some(render_revision(&revision).trim_end().to_string()),
-                reason: rejection.reason,
-            }),
+            Err(rejection) => rejected.push(invalid(&revision, rejection)),
         }
     }
     (applied, rejected)
 }
 
-/// An `add` line for the first place an empty memory can grow, with
-/// placeholders where the model's own words go.
-fn example_line(schema: &Schema) -> String {
-    example_add(schema, "<name>")
-        .map(|revision| render_revision(&revision).trim_end().to_string())
-        .unwrap_or_default()
-}
-
-/// An `add` revision at the first place an empty memory can grow, named
-/// `new_key` where the model would choose a key, with a placeholder value.
-pub(crate) fn example_add(schema: &Schema, new_key: &str) -> Option<Revision> {
-    let empty = schema.empty_memory();
-    let (pattern, node) = schema.add_targets(&empty).into_iter().next()?;
-    let path = match &pattern.next {
-        Next::NewKey => pattern.prefix.key(new_key),
-        Next::Key(name) => pattern.prefix.key(name.clone()),
-        Next::Index(index) => pattern.prefix.index(*index),
-    };
-    Some(Revision::add(path, placeholder(schema, node, 0)))
-}
-
-/// A value of `node`'s type with `<…>` placeholders for its text.
-fn placeholder(schema: &Schema, node: &crate::memory::SchemaNode, depth: usize) -> Value {
-    use crate::memory::NodeKind;
-    match &schema.resolve(node).kind {
-        _ if depth > 3 => Value::String("<…>".into()),
-        NodeKind::Array { items } => Value::Array(vec![placeholder(schema, items, depth + 1)]),
-        NodeKind::Object { properties, .. } => Value::Object(
-            properties
-                .iter()
-                .map(|(key, child)| (key.clone(), placeholder(schema, child, depth + 1)))
-                .collect(),
-        ),
-        NodeKind::Number | NodeKind::Integer => Value::from(0),
-        NodeKind::Boolean => Value::Bool(true),
-        _ => Value::String("<what this chunk says>".into()),
+fn invalid(revision: &Revision, rejection: Rejection) -> Refused {
+    Refused {
+        revision: Some(render_revision(revision).trim_end().to_string()),
+        kind: RefusalKind::Invalid,
+        reason: rejection.reason,
     }
 }
 
-/// The fixed opening of every prompt: the task, the query and the schema.
-fn preamble(config: &PrismConfig, schema: &Schema) -> String {
-    let memory_form = match config.memory {
-        MemoryMode::InPlace => "The memory is one JSON object and shows every change made so far.",
-        MemoryMode::Amendments => "The memory is a JSON object followed by revision lines, oldest first. Read it as the object with every line applied in order: a later line about a path replaces what an earlier one said.",
+fn redundant(revision: &Revision, dropped: &Dropped) -> Refused {
+    let (kind, why) = match dropped.why {
+        Redundancy::Duplicate => (RefusalKind::Duplicate, "duplicate: the memory already says"),
+        Redundancy::Echo => (RefusalKind::Echo, "echo: copied from the prompt or schema"),
     };
-    let about = [schema.title(), schema.description()]
-        .into_iter()
-        .flatten()
-        .collect::<Vec<_>>()
-        .join(": ");
-    format!(
-        "## Task\nYou read a document in chunks and keep notes in a structured memory, so that at the end you can answer this query from the memory alone:\n{}\n\n## Memory schema\n{}\n{}\n{}\n",
-        config.query,
-        about,
-        schema.render_types().trim_end(),
-        memory_form,
-    )
+    Refused {
+        revision: Some(render_revision(revision).trim_end().to_string()),
+        kind,
+        reason: format!(
+            "{} {}: {why} {:?}",
+            revision.op, revision.path, dropped.text
+        ),
+    }
 }
 
 impl Method for Prism<'_> {
@@ -393,6 +495,17 @@ impl Method for Prism<'_> {
             label.push_str("-unconstrained");
         }
         label
+    }
+
+    fn template_texts(&self) -> Vec<String> {
+        vec![
+            SYSTEM.to_string(),
+            self.preamble.clone(),
+            REVISION_REQUEST.to_string(),
+            ANSWER_SYSTEM.to_string(),
+            SUMMARIZE_NOTES.to_string(),
+            EMPTY_MEMORY.to_string(),
+        ]
     }
 
     fn start(&self, _chunks: &[Chunk]) -> PrismState {
@@ -427,11 +540,52 @@ impl Method for Prism<'_> {
         let mut stats = serde_json::Map::new();
         stats.insert("revisions_applied".into(), state.revisions_applied.into());
         stats.insert("revisions_rejected".into(), state.revisions_rejected.into());
+        stats.insert(
+            "revisions_duplicate".into(),
+            state.revisions_duplicate.into(),
+        );
+        stats.insert("revisions_echo".into(), state.revisions_echo.into());
+        stats.insert("revisions_capped".into(), state.revisions_capped.into());
         stats.insert("consolidations".into(), state.consolidations.into());
         Ok(Advance::Done(Finish {
             summary,
             files: vec![(RunDir::MEMORY, state.memory.clone())],
             stats,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn notes_come_in_memory_order_with_their_key_below_the_top() {
+        let memory = json!({
+            "events": ["The fog came down.", "Tomas fired a flare."],
+            "people": {"Wenna Cole": ["Skipper of the Marigold."]},
+            "setting": [],
+        });
+        assert_eq!(
+            memory_notes(&memory),
+            [
+                "The fog came down.",
+                "Tomas fired a flare.",
+                "Wenna Cole: Skipper of the Marigold."
+            ]
+        );
+    }
+
+    #[test]
+    fn the_answer_takes_about_five_notes_a_part_within_the_budget() {
+        let notes: Vec<String> = (0..12).map(|i| format!("note {i}")).collect();
+        let sizes =
+            |parts: Vec<AnswerPart>| parts.iter().map(|p| p.notes.len()).collect::<Vec<_>>();
+        assert_eq!(sizes(answer_parts(&notes, 900)), [4, 4, 4]);
+        // 160 tokens give two parts of at least 80 tokens.
+        assert_eq!(sizes(answer_parts(&notes, 160)), [6, 6]);
+        assert_eq!(sizes(answer_parts(&notes, 10)), [12]);
+        assert_eq!(sizes(answer_parts(&[], 900)), [0]);
     }
 }

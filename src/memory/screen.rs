@@ -1,0 +1,375 @@
+//! Screening revisions for content that adds nothing: a value the memory
+//! already holds (a *duplicate*), or text lifted from the instructions,
+//! examples or schema the model was shown (an *echo*).
+//!
+//! [`apply`](super::apply) checks that a revision fits the schema; this
+//! checks that it says something new. Small models under greedy decoding
+//! repeat their last line, or copy the schema's description into the
+//! memory; both look valid and both crowd out what the document says.
+//!
+//! Strings are compared as lowercase words with punctuation dropped. A string
+//! is a duplicate of an existing one when their words are the same, or, for
+//! strings of four or more words, when the two word sets share at least
+//! [`NEAR_DUPLICATE_JACCARD`] of their union. A string of four or more words
+//! is an echo when at least [`ECHO_SHARE`] of its word 4-grams occur in the
+//! reference text. Only strings are screened; keys, numbers and booleans pass.
+
+use std::collections::HashSet;
+
+use serde_json::Value;
+
+use super::path::Segment;
+use super::revision::{Op, Revision};
+
+/// Word-set overlap (intersection over union) at which two strings count as
+/// the same entry worded slightly differently.
+pub const NEAR_DUPLICATE_JACCARD: f64 = 0.85;
+/// Share of a string's word 4-grams found in the reference text at which the
+/// string counts as copied from it.
+pub const ECHO_SHARE: f64 = 0.5;
+/// Strings shorter than this (in words) are never near-duplicates or echoes:
+/// a name or a date may rightly recur.
+const MIN_WORDS: usize = 4;
+
+/// Why a value was screened out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Redundancy {
+    /// The memory (or the same revision) already holds it.
+    Duplicate,
+    /// It copies the prompt's instructions, examples or schema.
+    Echo,
+}
+
+/// A value taken out of a revision, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dropped {
+    pub text: String,
+    pub why: Redundancy,
+}
+
+/// What screening left of a revision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Screened {
+    /// The revision without its redundant list items; `None` when nothing
+    /// new is left of it.
+    pub kept: Option<Revision>,
+    pub dropped: Vec<Dropped>,
+}
+
+/// The text a revision must not copy, indexed by word 4-grams.
+#[derive(Debug, Clone, Default)]
+pub struct Screen {
+    reference: HashSet<[String; 4]>,
+}
+
+impl Screen {
+    /// A screen against `reference`: every text the model was shown that is
+    /// not the document or the memory.
+    pub fn new<'a>(reference: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut grams = HashSet::new();
+        for text in reference {
+            grams.extend(four_grams(&words(text)));
+        }
+        Screen { reference: grams }
+    }
+
+    /// Take out of `revision` what `memory` already holds or what copies the
+    /// reference. A list of strings loses only its redundant items; any other
+    /// value is dropped whole when one of its strings is an echo, or when all
+    /// of its strings are duplicates.
+    ///
+    /// An `update` is not compared with the value it replaces: rewriting a
+    /// list with its old items plus a new one is how the model merges.
+    pub fn screen(&self, memory: &Value, revision: &Revision) -> Screened {
+        let mut existing = Vec::new();
+        let replaced = (revision.op == Op::Update).then(|| revision.path.segments());
+        collect_strings(memory, &mut Vec::new(), replaced, &mut existing);
+        let mut seen: Vec<Vec<String>> = existing.iter().map(|text| words(text)).collect();
+
+        if let Value::Array(items) = &revision.value {
+            if !items.is_empty() && items.iter().all(Value::is_string) {
+                return self.screen_list(revision, items, &mut seen);
+            }
+        }
+        let mut strings = Vec::new();
+        collect_strings(&revision.value, &mut Vec::new(), None, &mut strings);
+        if strings.is_empty() {
+            return Screened {
+                kept: Some(revision.clone()),
+                dropped: Vec::new(),
+            };
+        }
+        if let Some(echo) = strings.iter().find(|text| self.is_echo(&words(text))) {
+            return Screened {
+                kept: None,
+                dropped: vec![Dropped {
+                    text: echo.clone(),
+                    why: Redundancy::Echo,
+                }],
+            };
+        }
+        let all_duplicates = strings.iter().all(|text| is_duplicate(&words(text), &seen));
+        if all_duplicates {
+            return Screened {
+                kept: None,
+                dropped: vec![Dropped {
+                    text: strings.join(" / "),
+                    why: Redundancy::Duplicate,
+                }],
+            };
+        }
+        Screened {
+            kept: Some(revision.clone()),
+            dropped: Vec::new(),
+        }
+    }
+
+    fn screen_list(
+        &self,
+        revision: &Revision,
+        items: &[Value],
+        seen: &mut Vec<Vec<String>>,
+    ) -> Screened {
+        let mut kept_items = Vec::new();
+        let mut dropped = Vec::new();
+        for item in items {
+            let text = item.as_str().expect("screen_list takes strings only");
+            let item_words = words(text);
+            let why = if self.is_echo(&item_words) {
+                Some(Redundancy::Echo)
+            } else if is_duplicate(&item_words, seen) {
+                Some(Redundancy::Duplicate)
+            } else {
+                None
+            };
+            match why {
+                Some(why) => dropped.push(Dropped {
+                    text: text.to_string(),
+                    why,
+                }),
+                None => {
+                    seen.push(item_words);
+                    kept_items.push(item.clone());
+                }
+            }
+        }
+        let kept = (!kept_items.is_empty()).then(|| Revision {
+            value: Value::Array(kept_items),
+            ..revision.clone()
+        });
+        Screened { kept, dropped }
+    }
+
+    fn is_echo(&self, words: &[String]) -> bool {
+        if words.len() < MIN_WORDS || self.reference.is_empty() {
+            return false;
+        }
+        let grams = four_grams(words);
+        let copied = grams
+            .iter()
+            .filter(|gram| self.reference.contains(*gram))
+            .count();
+        copied as f64 >= ECHO_SHARE * grams.len() as f64
+    }
+}
+
+/// Whether `candidate` says what one of `seen` already says.
+fn is_duplicate(candidate: &[String], seen: &[Vec<String>]) -> bool {
+    if candidate.is_empty() {
+        return false;
+    }
+    seen.iter().any(|other| {
+        if other.as_slice() == candidate {
+            return true;
+        }
+        if candidate.len() < MIN_WORDS || other.len() < MIN_WORDS {
+            return false;
+        }
+        jaccard(candidate, other) >= NEAR_DUPLICATE_JACCARD
+    })
+}
+
+fn jaccard(a: &[String], b: &[String]) -> f64 {
+    let a: HashSet<&String> = a.iter().collect();
+    let b: HashSet<&String> = b.iter().collect();
+    let union = a.union(&b).count();
+    if union == 0 {
+        return 0.0;
+    }
+    a.intersection(&b).count() as f64 / union as f64
+}
+
+/// Every string in `value`, skipping the subtree at `skip` (a path's segments).
+fn collect_strings(
+    value: &Value,
+    at: &mut Vec<Segment>,
+    skip: Option<&[Segment]>,
+    out: &mut Vec<String>,
+) {
+    if skip == Some(at.as_slice()) {
+        return;
+    }
+    match value {
+        Value::String(text) => out.push(text.clone()),
+        Value::Array(items) => {
+            for (index, item) in items.iter().enumerate() {
+                at.push(Segment::Index(index));
+                collect_strings(item, at, skip, out);
+                at.pop();
+            }
+        }
+        Value::Object(members) => {
+            for (key, member) in members {
+                at.push(Segment::Key(key.clone()));
+                collect_strings(member, at, skip, out);
+                at.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Lowercase words of `text`, punctuation dropped.
+pub fn words(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric() && c != '\'')
+        .map(|word| word.trim_matches('\'').to_lowercase())
+        .filter(|word| !word.is_empty())
+        .collect()
+}
+
+fn four_grams(words: &[String]) -> Vec<[String; 4]> {
+    words
+        .windows(4)
+        .map(|w| [w[0].clone(), w[1].clone(), w[2].clone(), w[3].clone()])
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::testing::rev;
+    use serde_json::json;
+
+    const SCHEMA_TEXT: &str = "Notes under headings you choose; each note is a short sentence that makes sense on its own.";
+
+    fn screen() -> Screen {
+        Screen::new([SCHEMA_TEXT])
+    }
+
+    #[test]
+    fn an_exact_duplicate_item_is_dropped_and_a_new_one_kept() {
+        let memory = json!({"Storm": ["A gale tore away the ladder."]});
+        let revision = rev(
+            Op::Add,
+            "$.Storm",
+            json!([
+                "A gale tore away the ladder!",
+                "Rain came through a cracked pane."
+            ]),
+        );
+        let out = screen().screen(&memory, &revision);
+        assert_eq!(
+            out.kept,
+            Some(rev(
+                Op::Add,
+                "$.Storm",
+                json!(["Rain came through a cracked pane."])
+            ))
+        );
+        assert_eq!(
+            out.dropped,
+            vec![Dropped {
+                text: "A gale tore away the ladder!".into(),
+                why: Redundancy::Duplicate
+            }]
+        );
+    }
+
+    #[test]
+    fn a_near_duplicate_elsewhere_in_the_memory_counts() {
+        let memory = json!({"People": ["Tomas Reddick has kept the light for eleven years."]});
+        // One word more, under another heading: 9 shared of 10 (0.9).
+        let revision = rev(
+            Op::Add,
+            "$.Keepers",
+            json!(["Tomas Reddick has kept the light for eleven long years."]),
+        );
+        let out = screen().screen(&memory, &revision);
+        assert_eq!(out.kept, None);
+        assert_eq!(out.dropped[0].why, Redundancy::Duplicate);
+    }
+
+    #[test]
+    fn a_repeated_item_within_one_revision_is_dropped() {
+        let revision = rev(
+            Op::Add,
+            "$.Fog",
+            json!(["The fog came down.", "The fog came down."]),
+        );
+        let out = screen().screen(&json!({}), &revision);
+        assert_eq!(
+            out.kept,
+            Some(rev(Op::Add, "$.Fog", json!(["The fog came down."])))
+        );
+        assert_eq!(out.dropped.len(), 1);
+    }
+
+    #[test]
+    fn copying_the_schema_is_an_echo() {
+        let revision = rev(
+            Op::Add,
+            "$.Notes",
+            json!(["Each note is a short sentence that makes sense on its own."]),
+        );
+        let out = screen().screen(&json!({}), &revision);
+        assert_eq!(out.kept, None);
+        assert_eq!(out.dropped[0].why, Redundancy::Echo);
+    }
+
+    #[test]
+    fn an_update_may_restate_the_value_it_replaces() {
+        let memory = json!({"Board": ["The Board sent an inspector."]});
+        let revision = rev(
+            Op::Update,
+            "$.Board",
+            json!([
+                "The Board sent an inspector.",
+                "The Board decided to keep the light."
+            ]),
+        );
+        let out = screen().screen(&memory, &revision);
+        assert_eq!(out.kept, Some(revision));
+        assert!(out.dropped.is_empty());
+    }
+
+    #[test]
+    fn short_strings_and_non_strings_pass() {
+        let memory = json!({"a": ["Port Elnor"], "n": 3});
+        let revision = rev(Op::Add, "$.b", json!(["Port Elnor"]));
+        // Exactly the same words are a duplicate however short ...
+        assert_eq!(screen().screen(&memory, &revision).kept, None);
+        // ... but a short string that only overlaps is not.
+        let revision = rev(Op::Add, "$.b", json!(["Port Elnor harbour"]));
+        assert!(screen().screen(&memory, &revision).kept.is_some());
+        let revision = rev(Op::Add, "$.m", json!(3));
+        assert!(screen().screen(&memory, &revision).kept.is_some());
+    }
+
+    #[test]
+    fn an_object_is_dropped_only_when_every_string_is_old() {
+        let memory = json!({"x": {"who": "Wenna Cole skippers the Marigold."}});
+        let old = rev(
+            Op::Add,
+            "$.y",
+            json!({"who": "Wenna Cole skippers the Marigold."}),
+        );
+        assert_eq!(screen().screen(&memory, &old).kept, None);
+        let mixed = rev(
+            Op::Add,
+            "$.y",
+            json!({"who": "Wenna Cole skippers the Marigold.", "did": "She guided two boats home."}),
+        );
+        assert_eq!(screen().screen(&memory, &mixed).kept, Some(mixed));
+    }
+}

@@ -1,0 +1,162 @@
+//! The words of PRISM's prompts: the task, the revision format, the rules a
+//! good memory follows, and worked examples from unrelated documents.
+//!
+//! All of it comes before the memory and the chunk and never changes during a
+//! run, so after the first call it is a cached prefix: the examples cost their
+//! tokens once. The examples are about a town council and a software release,
+//! so that nothing in them could pass for the document.
+//!
+//! The model writes one note per line rather than lists of notes: under
+//! greedy decoding Qwen2.5-Coder-1.5B, asked for a list of strings, writes
+//! the document's first line over and over, while one string per line it
+//! notes the text in order. The rules and examples are kept short for the
+//! same reason: with three long examples of differently shaped schemas the
+//! same model wrote facts about the world instead of the text.
+
+use super::{AnswerPart, MemoryMode, PrismConfig};
+use crate::memory::Schema;
+
+pub(super) const SYSTEM: &str = "You keep notes on a long document that you read one chunk at a time. You change your notes only by writing revision lines in the format you are shown.";
+
+/// The last segment of every revision prompt, after the chunk.
+pub(super) const REVISION_REQUEST: &str = "\nRevisions:\n";
+
+/// The fixed opening of every prompt: how the task works, the rules, the
+/// examples, then this run's query, schema and memory layout.
+pub(super) fn preamble(config: &PrismConfig, schema: &Schema) -> String {
+    let update = if config.updates {
+        "{\"op\": \"update\", \"path\": \"$.people.'Name'\", \"value\": [...]} replaces what a path holds with the whole new value you write.\n"
+    } else {
+        ""
+    };
+    let memory_form = match config.memory {
+        MemoryMode::InPlace => "The memory is shown as the JSON object it is now.",
+        MemoryMode::Amendments => "The memory is shown as the JSON object it was at first, then the revisions made since, one per line, oldest first: read it as the object with each line applied in turn.",
+    };
+    format!(
+        "You read a long document one chunk at a time and keep notes on it in a memory, a JSON object. \
+         After each chunk, write revisions that add to the memory what the chunk says; at the end, the memory alone must answer the query.\n\
+         \n\
+         Write each revision on its own line as JSON, one note per line:\n\
+         {{\"op\": \"add\", \"path\": \"$.events\", \"value\": \"...\"}} appends a note to a list, or creates a path that does not exist yet.\n\
+         {update}\
+         \n\
+         Rules:\n\
+         1. A note is one sentence that makes sense on its own: name who did what.\n\
+         2. Note only what the text says, in its order.\n\
+         3. Do not repeat a note the memory already has, and do not copy these instructions or the examples.\n\
+         4. If the text adds nothing the query needs, write nothing.\n\
+         \n\
+         Examples from unrelated documents:\n\
+         {COUNCIL}\n\
+         {RELEASE}\n\
+         Your document.\n\
+         Query: {query}\n\
+         Schema:\n\
+         {types}\n\
+         {memory_form}\n",
+        query = config.query,
+        types = schema.render_types().trim_end(),
+    )
+}
+
+/// The last segment of a prompt for one part of the final answer, after the
+/// memory: the notes to condense. The request is short on purpose: with a
+/// paragraph of advice on length and order, Qwen2.5-Coder-1.5B copied the
+/// notes out instead of summarizing them.
+pub(super) fn answer_request(part: &AnswerPart) -> String {
+    if part.notes.is_empty() {
+        return EMPTY_MEMORY.to_string();
+    }
+    let notes: String = part
+        .notes
+        .iter()
+        .map(|note| format!("- {note}\n"))
+        .collect();
+    format!(
+        "Here are {} of the notes kept while reading a document, in order:\n{notes}{SUMMARIZE_NOTES}",
+        part.notes.len(),
+    )
+}
+
+/// The system turn of every part of the final answer.
+pub(super) const ANSWER_SYSTEM: &str =
+    "You turn notes taken while reading a document into a clear, faithful summary.";
+
+/// The request that closes every part of the final answer.
+pub(super) const SUMMARIZE_NOTES: &str =
+    "Summarize only these notes in 1 to 3 sentences of plain prose.\n";
+
+/// The whole final request when the memory holds nothing.
+pub(super) const EMPTY_MEMORY: &str = "No notes were kept while reading the document: say in one sentence that it gave nothing to note.\n";
+
+const COUNCIL: &str = r#"Schema: events: list[str]; people: dict[str, list[str]]
+Memory so far: {"events": ["The council of Marrow Bay set aside 40,000 to repair the harbour wall."], "people": {}}
+Text: Councillor Idris Fenn reported that the repairs would now cost 65,000, because March storms had widened the breach. The council voted five to two to borrow the difference.
+Revisions:
+{"op": "add", "path": "$.events", "value": "Councillor Idris Fenn reported that March storms had raised the cost of the harbour repairs to 65,000."}
+{"op": "add", "path": "$.events", "value": "The council voted five to two to borrow the difference."}
+{"op": "add", "path": "$.people.'Idris Fenn'", "value": ["A Marrow Bay councillor who reported on the harbour repairs."]}
+"#;
+
+const RELEASE: &str = r#"Schema: problems: list[str]
+Memory so far: {"problems": ["The version 4.2 release waited on a database migration that failed on large tables."]}
+Text: Appendix B lists the members of the release team with their phone numbers.
+Revisions:
+(nothing: this text adds nothing the query needs)
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{parse_revisions, Schema};
+
+    fn config(updates: bool) -> PrismConfig {
+        PrismConfig {
+            memory: MemoryMode::Amendments,
+            updates,
+            query: "Summarize.".into(),
+            revision_tokens: 512,
+            answer_tokens: 600,
+            constrained: true,
+        }
+    }
+
+    /// The lines after an example's "Revisions:".
+    fn revisions_of(example: &str) -> &str {
+        example.rsplit("Revisions:\n").next().unwrap()
+    }
+
+    #[test]
+    fn every_example_revision_parses() {
+        for (example, count) in [(COUNCIL, 3), (RELEASE, 0)] {
+            let parsed = parse_revisions(revisions_of(example));
+            assert_eq!(parsed.len(), count, "{example}");
+            assert!(parsed.iter().all(Result::is_ok), "{parsed:?}");
+        }
+    }
+
+    #[test]
+    fn without_updates_no_example_shows_one() {
+        let schema = Schema::from_value(&serde_json::json!({"type": "object"})).unwrap();
+        let without = preamble(&config(false), &schema);
+        assert!(!without.contains(r#""op": "update""#), "{without}");
+        let with = preamble(&config(true), &schema);
+        assert!(with.contains(r#""op": "update""#));
+        assert!(with.contains(r#""op": "add""#));
+    }
+
+    #[test]
+    fn the_answer_lists_the_notes_it_condenses() {
+        let part = AnswerPart {
+            notes: vec!["The fog came down.".into(), "Tomas fired a flare.".into()],
+        };
+        let request = answer_request(&part);
+        assert!(
+            request.contains("- The fog came down.\n- Tomas fired a flare.\n"),
+            "{request}"
+        );
+        assert!(request.contains("plain prose"));
+        assert!(answer_request(&AnswerPart { notes: vec![] }).contains("nothing"));
+    }
+}

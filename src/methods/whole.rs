@@ -1,0 +1,165 @@
+//! The whole document in one prompt, summarized by one call: the upper
+//! reference every chunked method is judged against. A document that does
+//! not fit the model's context with the answer is refused with an error
+//! naming both sizes, never cut to fit.
+
+use super::baseline::{words_for, Call, SYSTEM};
+use super::llm::{Llm, Prompt};
+use super::run::{prompt_texts, Advance, Finish, Method, Position};
+use crate::chunk::Chunk;
+use crate::error::{Error, Result};
+
+/// Settings of one whole-document run; everything here is part of a run's identity.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct WholeConfig {
+    pub query: String,
+    /// The most tokens of the summary.
+    pub answer_tokens: usize,
+}
+
+/// Everything a run carries; saved in checkpoints.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct WholeState {
+    /// The summary, once the call is made.
+    pub summary: Option<String>,
+}
+
+/// The one call, as a line of `steps.jsonl`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Step {
+    /// The chunks the document was split into, all of them in the prompt.
+    pub chunks: usize,
+    #[serde(flatten)]
+    pub call: Call,
+}
+
+/// One call over the whole document.
+pub struct Whole<'a> {
+    config: &'a WholeConfig,
+}
+
+impl<'a> Whole<'a> {
+    pub fn new(config: &'a WholeConfig) -> Self {
+        Whole { config }
+    }
+
+    /// The prompt that summarizes the document of `chunks`: the document
+    /// (the chunks' texts in order, a blank line between two), then the query.
+    pub fn prompt(&self, chunks: &[Chunk]) -> Prompt {
+        let document: Vec<&str> = chunks.iter().map(|chunk| chunk.text.trim()).collect();
+        Prompt {
+            system: Some(SYSTEM.to_string()),
+            segments: vec![
+                "## Document\n".to_string(),
+                format!("{}\n", document.join("\n\n")),
+                format!(
+                    "\n## Request\n{}\nWrite the summary in plain prose, in at most {} words. Output only the summary.",
+                    self.config.query,
+                    words_for(self.config.answer_tokens)
+                ),
+            ],
+        }
+    }
+}
+
+impl Method for Whole<'_> {
+    type State = WholeState;
+    type Step = Step;
+
+    fn label(&self) -> String {
+        "whole".to_string()
+    }
+
+    fn template_texts(&self) -> Vec<String> {
+        prompt_texts(&[self.prompt(&[])])
+    }
+
+    fn start(&self, _chunks: &[Chunk]) -> WholeState {
+        WholeState::default()
+    }
+
+    fn position(&self, state: &WholeState, _chunks: &[Chunk]) -> Position {
+        let done = usize::from(state.summary.is_some());
+        Position {
+            done,
+            total: 1,
+            stage: if done == 0 {
+                "whole document".to_string()
+            } else {
+                "final summary".to_string()
+            },
+        }
+    }
+
+    fn advance(
+        &self,
+        llm: &mut dyn Llm,
+        state: &mut WholeState,
+        chunks: &[Chunk],
+    ) -> Result<Advance<Step>> {
+        if let Some(summary) = &state.summary {
+            return Ok(Advance::Done(Finish {
+                summary: summary.clone(),
+                ..Finish::default()
+            }));
+        }
+        let prompt = self.prompt(chunks);
+        let prompt_tokens = llm.prompt_tokens(&prompt)?;
+        let (answer_tokens, context) = (self.config.answer_tokens, llm.context_tokens());
+        if prompt_tokens + answer_tokens > context {
+            return Err(Error::invalid(
+                "whole",
+                format!(
+                    "the whole document is {prompt_tokens} tokens with the prompt; with {answer_tokens} to generate it does not fit the model's context of {context} tokens: use a chunked method"
+                ),
+            ));
+        }
+        let call = Call::run(llm, &prompt, answer_tokens)?;
+        state.summary = Some(call.summary().to_string());
+        Ok(Advance::Step(Step {
+            chunks: chunks.len(),
+            call,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(index: usize, text: &str) -> Chunk {
+        Chunk {
+            index,
+            text: text.into(),
+            tokens: text.len(),
+            start_byte: 0,
+        }
+    }
+
+    fn config() -> WholeConfig {
+        WholeConfig {
+            query: "Summarize the story.".into(),
+            answer_tokens: 100,
+        }
+    }
+
+    #[test]
+    fn the_document_is_every_chunk_in_order_then_the_query() {
+        let config = config();
+        let whole = Whole::new(&config);
+        let prompt = whole.prompt(&[chunk(0, "First part.\n\n"), chunk(1, "Second part.\n")]);
+        assert_eq!(prompt.segments[1], "First part.\n\nSecond part.\n");
+        assert!(prompt.segments[2].contains("Summarize the story."));
+        assert!(prompt.segments[2].contains("at most 65 words"));
+    }
+
+    #[test]
+    fn its_template_has_no_document_text() {
+        let config = config();
+        let texts = Whole::new(&config).template_texts();
+        assert_eq!(texts.len(), 3, "{texts:?}");
+        assert_eq!(texts[0], SYSTEM);
+        assert_eq!(texts[1], "## Document");
+        assert!(texts[2].starts_with("## Request\nSummarize the story."));
+    }
+}
