@@ -12,7 +12,9 @@
 //! strings of four or more words, when the two word sets share at least
 //! [`NEAR_DUPLICATE_JACCARD`] of their union. A string of four or more words
 //! is an echo when at least [`ECHO_SHARE`] of its word 4-grams occur in the
-//! reference text. Only strings are screened; keys, numbers and booleans pass.
+//! reference text, and so is a new key of two or more words that the
+//! reference contains (a name lifted from a worked example). Numbers and
+//! booleans pass.
 
 use std::collections::HashSet;
 
@@ -57,10 +59,13 @@ pub struct Screened {
     pub dropped: Vec<Dropped>,
 }
 
-/// The text a revision must not copy, indexed by word 4-grams.
+/// The text a revision must not copy, indexed by word 4-grams, and by the
+/// two- and three-word phrases a new key could lift from it (a name from a
+/// worked example, say).
 #[derive(Debug, Clone, Default)]
 pub struct Screen {
     reference: HashSet<[String; 4]>,
+    phrases: HashSet<String>,
 }
 
 impl Screen {
@@ -68,10 +73,18 @@ impl Screen {
     /// not the document or the memory.
     pub fn new<'a>(reference: impl IntoIterator<Item = &'a str>) -> Self {
         let mut grams = HashSet::new();
+        let mut phrases = HashSet::new();
         for text in reference {
-            grams.extend(four_grams(&words(text)));
+            let words = words(text);
+            grams.extend(four_grams(&words));
+            for n in [2, 3] {
+                phrases.extend(words.windows(n).map(|phrase| phrase.join(" ")));
+            }
         }
-        Screen { reference: grams }
+        Screen {
+            reference: grams,
+            phrases,
+        }
     }
 
     /// Take out of `revision` what `memory` already holds or what copies the
@@ -82,6 +95,15 @@ impl Screen {
     /// An `update` is not compared with the value it replaces: rewriting a
     /// list with its old items plus a new one is how the model merges.
     pub fn screen(&self, memory: &Value, revision: &Revision) -> Screened {
+        if let Some(key) = self.echoed_new_key(memory, revision) {
+            return Screened {
+                kept: None,
+                dropped: vec![Dropped {
+                    text: key,
+                    why: Redundancy::Echo,
+                }],
+            };
+        }
         let mut existing = Vec::new();
         let replaced = (revision.op == Op::Update).then(|| revision.path.segments());
         collect_strings(memory, &mut Vec::new(), replaced, &mut existing);
@@ -159,6 +181,30 @@ impl Screen {
             ..revision.clone()
         });
         Screened { kept, dropped }
+    }
+
+    /// The first key on `revision`'s path that `memory` does not have yet,
+    /// when it is a phrase of two or more words taken from the reference.
+    fn echoed_new_key(&self, memory: &Value, revision: &Revision) -> Option<String> {
+        let mut at = Some(memory);
+        for segment in revision.path.segments() {
+            let next = match (at, segment) {
+                (Some(Value::Object(members)), Segment::Key(key)) => members.get(key),
+                (Some(Value::Array(items)), Segment::Index(index)) => items.get(*index),
+                _ => None,
+            };
+            if let (None, Segment::Key(key)) = (next, segment) {
+                let key_words = words(key);
+                let copied = match key_words.len() {
+                    0 | 1 => false,
+                    2 | 3 => self.phrases.contains(&key_words.join(" ")),
+                    _ => self.is_echo(&key_words),
+                };
+                return copied.then(|| key.clone());
+            }
+            at = next;
+        }
+        None
     }
 
     fn is_echo(&self, words: &[String]) -> bool {
@@ -325,6 +371,33 @@ mod tests {
         let out = screen().screen(&json!({}), &revision);
         assert_eq!(out.kept, None);
         assert_eq!(out.dropped[0].why, Redundancy::Echo);
+    }
+
+    #[test]
+    fn a_new_key_named_after_the_reference_is_an_echo() {
+        let screen = Screen::new(["The example names Idris Fenn, a councillor."]);
+        let lifted = rev(
+            Op::Add,
+            "$.people.'Idris Fenn'",
+            json!(["A sailor from Scotland."]),
+        );
+        let out = screen.screen(&json!({"people": {}}), &lifted);
+        assert_eq!(out.kept, None);
+        assert_eq!(
+            out.dropped,
+            vec![Dropped {
+                text: "Idris Fenn".into(),
+                why: Redundancy::Echo
+            }]
+        );
+        // A key the memory already has, or a one-word key, is not screened.
+        let memory = json!({"people": {"Idris Fenn": []}});
+        assert!(screen.screen(&memory, &lifted).kept.is_some());
+        let one_word = rev(Op::Add, "$.people.Fenn", json!(["A sailor from Scotland."]));
+        assert!(screen
+            .screen(&json!({"people": {}}), &one_word)
+            .kept
+            .is_some());
     }
 
     #[test]

@@ -9,6 +9,11 @@
 //! only appends text; in place, the object is rewritten where it changed.
 //! When the amendments grow so long that the next prompt would not fit the
 //! context, they are folded into one object and appending starts again.
+//!
+//! The revisions are screened before they are applied: what the memory
+//! already holds and what copies the prompt are refused and counted. The
+//! final answer is written from the memory's notes a few at a time (see
+//! [`Prism::answer`]). The words of every prompt are in `prompt.rs`.
 
 mod prompt;
 
