@@ -30,8 +30,8 @@ use crate::memory::{
 use crate::metrics::Figures;
 use crate::rundir::RunDir;
 use prompt::{
-    answer_request, preamble, ANSWER_SYSTEM, EMPTY_MEMORY, REVISION_REQUEST, SUMMARIZE_NOTES,
-    SYSTEM,
+    answer_request, preamble, revision_request, ANSWER_SYSTEM, EMPTY_MEMORY, REVISION_REQUEST,
+    SUMMARIZE_NOTES, SYSTEM,
 };
 use serde_json::Value;
 use std::time::Instant;
@@ -193,7 +193,7 @@ impl<'a> Prism<'a> {
             chunks,
             chunk.text.trim_end()
         ));
-        segments.push(REVISION_REQUEST.to_string());
+        segments.push(revision_request(&chunk.text));
         Prompt {
             system: Some(SYSTEM.to_string()),
             segments,

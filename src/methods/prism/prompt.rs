@@ -18,8 +18,20 @@ use crate::memory::Schema;
 
 pub(super) const SYSTEM: &str = "You keep notes on a long document that you read one chunk at a time. You change your notes only by writing revision lines in the format you are shown.";
 
-/// The last segment of every revision prompt, after the chunk.
-pub(super) const REVISION_REQUEST: &str = "\nRevisions:\n";
+/// The fixed words of the last segment of every revision prompt.
+pub(super) const REVISION_REQUEST: &str = "The memory above already holds everything before this chunk: do not write it again. Note only this chunk, in its order, from its opening words to its end.\nRevisions:\n";
+
+/// The last segment of a revision prompt, after the chunk: the request,
+/// anchored at the chunk's opening words. Without the anchor, once the
+/// amendments showed revision lines, Qwen2.5-Coder-1.5B wrote them out again
+/// from the first one instead of noting the new chunk.
+pub(super) fn revision_request(chunk_text: &str) -> String {
+    let opening: Vec<&str> = chunk_text.split_whitespace().take(8).collect();
+    format!(
+        "\nThe chunk opens with \"{}…\". {REVISION_REQUEST}",
+        opening.join(" ")
+    )
+}
 
 /// The fixed opening of every prompt: how the task works, the rules, the
 /// examples, then this run's query, schema and memory layout.
@@ -144,6 +156,19 @@ mod tests {
         let with = preamble(&config(true), &schema);
         assert!(with.contains(r#""op": "update""#));
         assert!(with.contains(r#""op": "add""#));
+    }
+
+    #[test]
+    fn the_revision_request_quotes_the_chunks_opening() {
+        let request =
+            revision_request("On the Wednesday a fog came down so thick that the beam stopped.");
+        assert!(
+            request.starts_with(
+                "\nThe chunk opens with \"On the Wednesday a fog came down so thick…\"."
+            ),
+            "{request}"
+        );
+        assert!(request.ends_with("Revisions:\n"));
     }
 
     #[test]
