@@ -163,9 +163,7 @@ mod tests {
         let request =
             revision_request("On the Wednesday a fog came down so thick that the beam stopped.");
         assert!(
-            request.starts_with(
-                "\nThe chunk opens with \"On the Wednesday a fog came down so thick…\"."
-            ),
+            request.starts_with("\nThe chunk opens with \"On the Wednesday a fog came down so…\"."),
             "{request}"
         );
         assert!(request.ends_with("Revisions:\n"));
