@@ -162,7 +162,8 @@ fn no_revision_is_a_valid_step() {
 }
 
 /// A note the memory already holds, or one lifted from the prompt's own
-/// rules, is refused with its reason and counted apart from invalid lines.
+/// rules, is taken out of a revision that also says something new, with its
+/// reason, and counted apart from invalid lines.
 #[test]
 fn duplicates_and_echoes_are_refused_and_counted() {
     let dir = tempfile::tempdir().unwrap();
@@ -170,9 +171,8 @@ fn duplicates_and_echoes_are_refused_and_counted() {
         r#"{"op": "add", "path": "$.Voyage", "value": ["The ship sails north from Archangel."]}"#,
         concat!(
             r#"{"op": "add", "path": "$.Voyage", "value": ["The ship sails north from Archangel!", "Ice closes in around the ship."]}"#,
-            "
-",
-            r#"{"op": "add", "path": "$.Rules", "value": ["Do not repeat a note the memory already has."]}"#
+            "\n",
+            r#"{"op": "add", "path": "$.Rules", "value": ["Do not repeat a note the memory already has.", "The crew fears the ice."]}"#
         ),
         r#"{"op": "add", "path": "$.Crew", "value": "not a list"}"#,
         "",
@@ -190,6 +190,7 @@ fn duplicates_and_echoes_are_refused_and_counted() {
     assert_eq!(stats.extra["revisions_duplicate"], 1);
     assert_eq!(stats.extra["revisions_echo"], 1);
     assert_eq!(stats.extra["revisions_rejected"], 1);
+    assert_eq!(stats.extra["revision_steps_stopped"], 0);
     let kinds: Vec<RefusalKind> = steps[1].rejected.iter().map(|r| r.kind).collect();
     assert_eq!(kinds, [RefusalKind::Duplicate, RefusalKind::Echo]);
     assert!(steps[1].rejected[0].reason.contains("duplicate"));
@@ -199,8 +200,48 @@ fn duplicates_and_echoes_are_refused_and_counted() {
             .unwrap();
     assert_eq!(
         memory,
-        serde_json::json!({"Voyage": ["The ship sails north from Archangel.", "Ice closes in around the ship."]})
+        serde_json::json!({
+            "Voyage": ["The ship sails north from Archangel.", "Ice closes in around the ship."],
+            "Rules": ["The crew fears the ice."],
+        })
     );
+}
+
+/// A step stops at the first line that repeats or rewords a note: what the
+/// model wrote after it is never applied, and the stop is logged and counted.
+#[test]
+fn a_step_stops_at_a_line_that_goes_round_in_circles() {
+    let dir = tempfile::tempdir().unwrap();
+    // Each reply is cut at `revision_tokens` characters: the lines are short.
+    let reworded = r#"{"op": "add", "path": "$.Voyage", "value": ["The old ship sails north."]}"#;
+    let replies = [
+        [
+            r#"{"op": "add", "path": "$.Voyage", "value": ["The ship sails north."]}"#,
+            reworded,
+            r#"{"op": "add", "path": "$.Voyage", "value": ["A sledge is sighted."]}"#,
+            "",
+        ]
+        .join("\n"),
+        String::new(),
+        String::new(),
+        String::new(),
+        "The ship sails north.".to_string(),
+    ];
+    let replies: Vec<&str> = replies.iter().map(String::as_str).collect();
+    let (outcome, steps, _) = run_scripted(
+        MemoryMode::Amendments,
+        true,
+        ScriptedLlm::new(&replies),
+        dir.path(),
+    );
+    let Outcome::Finished { stats, .. } = outcome else {
+        panic!("the run should finish")
+    };
+    assert_eq!(steps[0].stopped_before.as_deref(), Some(reworded));
+    assert_eq!(steps[0].applied.len(), 1);
+    assert!(steps[0].rejected.is_empty(), "{:?}", steps[0].rejected);
+    assert_eq!(stats.extra["revision_steps_stopped"], 1);
+    assert_eq!(stats.extra["revisions_duplicate"], 0);
 }
 
 #[test]

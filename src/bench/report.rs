@@ -120,6 +120,7 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
         ("revisions_duplicate", "Duplicate revisions"),
         ("revisions_echo", "Echo revisions"),
         ("revisions_capped", "Capped revisions"),
+        ("revision_steps_stopped", "Steps stopped at a repeat"),
     ]
     .into_iter()
     .filter(|(key, _)| rows.iter().any(|row| row.number(key).is_some()))

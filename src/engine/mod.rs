@@ -110,7 +110,14 @@ pub enum StopReason {
     ContextFull,
     /// The loop guard saw a line or sentence repeated; the text is cut before the repeat.
     Repetition,
+    /// The caller's line check refused a line; the text is cut before it.
+    LineRefused,
 }
+
+/// A check on each whole line of output as it is generated: given the text
+/// kept so far (whole lines) and the next line (without its `\n`), whether
+/// to stop before that line. See [`Engine::generate_checking_lines`].
+pub type LineCheck<'a> = dyn Fn(&str, &str) -> bool + 'a;
 
 /// The result of one call.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -379,6 +386,19 @@ impl Engine {
 
     /// Run `prompt` and generate up to `options.max_tokens` tokens after it.
     pub fn generate(&mut self, prompt: &[u32], options: &GenerateOptions) -> Result<Generation> {
+        self.generate_checking_lines(prompt, options, None)
+    }
+
+    /// [`generate`](Self::generate), stopping before the first whole line of
+    /// output that `refuse_line` refuses. Under a grammar of whole lines the
+    /// output stays valid when cut there; a model going round in circles
+    /// stops at its first repeat instead of spending the token budget on it.
+    pub fn generate_checking_lines(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        refuse_line: Option<&LineCheck>,
+    ) -> Result<Generation> {
         options.sampling.validate()?;
         let mut constraint = match &options.grammar {
             Some(grammar) => Some(self.grammars()?.constraint(grammar)?),
@@ -387,7 +407,7 @@ impl Engine {
         // Cutting grammar-constrained output would leave it invalid, so the
         // loop guard watches free text only.
         let loop_guard = options.sampling.loop_guard && constraint.is_none();
-        let marks = if options.sampling.needs_token_marks() {
+        let marks = if options.sampling.needs_token_marks() || refuse_line.is_some() {
             self.token_marks()
         } else {
             Arc::default()
@@ -398,8 +418,10 @@ impl Engine {
         let mut sampler = Sampler::new(&options.sampling, Arc::clone(&marks));
         let mut history = prompt.to_vec();
         let mut tokens = Vec::new();
-        // Set when a stop string or the loop guard cuts the text.
+        // Set when a stop string, the loop guard or the line check cuts the text.
         let mut cut_text = None;
+        // Where the line after the last checked one starts, in the decoded text.
+        let mut line_start = 0;
         let stop_reason = loop {
             if tokens.len() == options.max_tokens {
                 break StopReason::MaxTokens;
@@ -433,15 +455,21 @@ impl Engine {
             // token holding `\n . ! ?` or the one after it (a full stop
             // counts once whitespace follows). Otherwise it is decoded once at
             // the end.
-            let unit_may_end =
-                loop_guard && tokens.iter().rev().take(2).any(|&t| marks.may_end_unit(t));
+            let unit_may_end = (loop_guard || refuse_line.is_some())
+                && tokens.iter().rev().take(2).any(|&t| marks.may_end_unit(t));
             if !options.stop.is_empty() || unit_may_end {
                 let so_far = self.tokenizer.decode(&tokens, true)?;
                 if let Some(cut) = first_stop(&so_far, &options.stop) {
                     cut_text = Some(so_far[..cut].to_string());
                     break StopReason::StopString;
                 }
-                let repeat = if unit_may_end {
+                if let Some(refuse_line) = refuse_line {
+                    if let Some(cut) = first_refused_line(&so_far, &mut line_start, refuse_line) {
+                        cut_text = Some(so_far[..cut].to_string());
+                        break StopReason::LineRefused;
+                    }
+                }
+                let repeat = if unit_may_end && loop_guard {
                     sampling::repeated_unit(&so_far)
                 } else {
                     None
@@ -505,6 +533,20 @@ fn first_stop(text: &str, stops: &[String]) -> Option<usize> {
         .min()
 }
 
+/// Check each whole line of `text` from `*line_start` on: the byte offset
+/// where the first refused line starts, or `None` with `*line_start` moved
+/// past every line that passed.
+fn first_refused_line(text: &str, line_start: &mut usize, refuse: &LineCheck) -> Option<usize> {
+    while let Some(length) = text.get(*line_start..).and_then(|rest| rest.find('\n')) {
+        let line = &text[*line_start..*line_start + length];
+        if refuse(&text[..*line_start], line) {
+            return Some(*line_start);
+        }
+        *line_start += length + 1;
+    }
+    None
+}
+
 fn choose_prefill_weights(config: &Config, options: &LoadOptions) -> PrefillWeights {
     options.prefill_weights.unwrap_or_else(|| {
         let per_layer = config.hidden_size
@@ -539,12 +581,36 @@ fn safetensors_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
 
 #[cfg(test)]
 mod tests {
-    use super::first_stop;
+    use super::{first_refused_line, first_stop};
 
     #[test]
     fn earliest_stop_string_wins() {
         let stops = vec!["\n\n".to_string(), "END".to_string(), String::new()];
         assert_eq!(first_stop("abc END x\n\n", &stops), Some(4));
         assert_eq!(first_stop("abc", &stops), None);
+    }
+
+    #[test]
+    fn the_line_check_sees_each_whole_line_once_with_what_was_kept() {
+        let seen = std::cell::RefCell::new(Vec::new());
+        let refuse_b = |kept: &str, line: &str| {
+            seen.borrow_mut().push((kept.to_string(), line.to_string()));
+            line == "b"
+        };
+        let mut start = 0;
+        assert_eq!(
+            first_refused_line("a\npartial", &mut start, &refuse_b),
+            None
+        );
+        assert_eq!(start, 2);
+        assert_eq!(
+            first_refused_line("a\npartial c\nb\nd\n", &mut start, &refuse_b),
+            Some(12)
+        );
+        assert_eq!(
+            seen.into_inner(),
+            [("", "a"), ("a\n", "partial c"), ("a\npartial c\n", "b")]
+                .map(|(kept, line)| (kept.to_string(), line.to_string()))
+        );
     }
 }

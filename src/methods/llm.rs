@@ -2,7 +2,7 @@
 //! usage out. Methods never touch tensors or token ids.
 
 use crate::engine::constraint::Grammar;
-use crate::engine::{Engine, GenerateOptions, Usage};
+use crate::engine::{Engine, GenerateOptions, LineCheck, Usage};
 use crate::error::Result;
 
 /// A chat prompt: an optional system turn and a user turn given as segments.
@@ -32,6 +32,31 @@ pub trait Llm {
         max_tokens: usize,
         grammar: Option<&Grammar>,
     ) -> Result<Completion>;
+    /// [`complete`](Llm::complete), but the text ends before the first whole
+    /// line that `refuse_line` refuses (see [`Engine::generate_checking_lines`]).
+    /// This default cuts the finished text; a model that checks while it
+    /// generates stops there and spends no more tokens.
+    fn complete_checking_lines(
+        &mut self,
+        prompt: &Prompt,
+        max_tokens: usize,
+        grammar: Option<&Grammar>,
+        refuse_line: &LineCheck,
+    ) -> Result<Completion> {
+        let mut completion = self.complete(prompt, max_tokens, grammar)?;
+        let mut kept = 0;
+        for line in completion.text.split_inclusive('\n') {
+            let Some(whole) = line.strip_suffix('\n') else {
+                break;
+            };
+            if refuse_line(&completion.text[..kept], whole) {
+                completion.text.truncate(kept);
+                break;
+            }
+            kept += line.len();
+        }
+        Ok(completion)
+    }
     /// Tokens in `text` on its own.
     fn count_tokens(&self, text: &str) -> Result<usize>;
     /// Tokens in the whole prompt, chat template included.
@@ -56,6 +81,29 @@ impl<'a> EngineLlm<'a> {
         self.engine
             .segmented_chat_prompt(prompt.system.as_deref(), &prompt.segments)
     }
+
+    fn run(
+        &mut self,
+        prompt: &Prompt,
+        max_tokens: usize,
+        grammar: Option<&Grammar>,
+        refuse_line: Option<&LineCheck>,
+    ) -> Result<Completion> {
+        let ids = self.token_ids(prompt)?;
+        tracing::trace!(target: "prism::prompt", system = ?prompt.system, "{}", prompt.segments.concat());
+        let options = GenerateOptions {
+            max_tokens,
+            grammar: grammar.cloned(),
+            ..self.options.clone()
+        };
+        let generation = self
+            .engine
+            .generate_checking_lines(&ids, &options, refuse_line)?;
+        Ok(Completion {
+            text: generation.text,
+            usage: generation.usage,
+        })
+    }
 }
 
 impl Llm for EngineLlm<'_> {
@@ -65,18 +113,17 @@ impl Llm for EngineLlm<'_> {
         max_tokens: usize,
         grammar: Option<&Grammar>,
     ) -> Result<Completion> {
-        let ids = self.token_ids(prompt)?;
-        tracing::trace!(target: "prism::prompt", system = ?prompt.system, "{}", prompt.segments.concat());
-        let options = GenerateOptions {
-            max_tokens,
-            grammar: grammar.cloned(),
-            ..self.options.clone()
-        };
-        let generation = self.engine.generate(&ids, &options)?;
-        Ok(Completion {
-            text: generation.text,
-            usage: generation.usage,
-        })
+        self.run(prompt, max_tokens, grammar, None)
+    }
+
+    fn complete_checking_lines(
+        &mut self,
+        prompt: &Prompt,
+        max_tokens: usize,
+        grammar: Option<&Grammar>,
+        refuse_line: &LineCheck,
+    ) -> Result<Completion> {
+        self.run(prompt, max_tokens, grammar, Some(refuse_line))
     }
 
     fn count_tokens(&self, text: &str) -> Result<usize> {

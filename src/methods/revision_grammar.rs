@@ -18,10 +18,10 @@ use serde_json::{json, Map, Value};
 /// The most revision lines one constrained step may write. A line holds one
 /// note, and a dense chunk of 2,000 tokens may call for a few dozen.
 pub const MAX_LINES: usize = 48;
-/// The longest string value a constrained revision may hold: a few long
+/// The longest string value a constrained revision may hold: two long
 /// sentences. A note cut here loses its end, so the bound sits well above
 /// what one note needs.
-pub const MAX_STRING_CHARS: usize = 600;
+pub const MAX_STRING_CHARS: usize = 400;
 /// The most items a list an `add` writes may hold. An `update` rewrites a
 /// whole list and is not bounded, so that it never cuts what was there.
 pub const MAX_LIST_ITEMS: usize = 8;
@@ -216,11 +216,13 @@ fn value_schema(
         NodeKind::Any => json!({}),
         // Angle brackets are left out: prompts show placeholders in them, and
         // a small model would rather copy a placeholder than write its own text.
+        // Line breaks are left out too: a note is one line, and with them
+        // Qwen2.5-Coder-1.5B copied a whole title page into one string.
         // The length bound sits in the pattern: llguidance drops `maxLength`
         // when a `pattern` is given.
         NodeKind::String => json!({
             "type": "string",
-            "pattern": format!("^[^<>]{{0,{MAX_STRING_CHARS}}}$"),
+            "pattern": format!("^[^<>\\n]{{0,{MAX_STRING_CHARS}}}$"),
         }),
         NodeKind::Number => json!({"type": "number"}),
         NodeKind::Integer => json!({"type": "integer"}),
@@ -294,7 +296,7 @@ mod tests {
             .contains(r#"r0: "{\"op\": \"add\", \"path\": \"$.'" KEY "'\", \"value\": " %json "#));
         assert!(grammar.contains(r#""maxItems":8"#));
         assert!(
-            grammar.contains(r#""pattern":"^[^<>]{0,600}$""#),
+            grammar.contains(r#""pattern":"^[^<>\\n]{0,400}$""#),
             "{grammar}"
         );
         assert!(!grammar.contains("update"));

@@ -12,6 +12,7 @@ use super::llm::{Completion, Llm, Prompt};
 use crate::chunk::Chunk;
 use crate::engine::constraint::Grammar;
 use crate::engine::sampling::SamplingConfig;
+use crate::engine::LineCheck;
 use crate::error::{Error, Result};
 use crate::metrics::{Figures, Ledger};
 use crate::quality::degeneration::{echo_share, repeated_ngram_share};
@@ -284,13 +285,9 @@ struct Metered<'a> {
     ledger: &'a mut Ledger,
 }
 
-impl Llm for Metered<'_> {
-    fn complete(
-        &mut self,
-        prompt: &Prompt,
-        max_tokens: usize,
-        grammar: Option<&Grammar>,
-    ) -> Result<Completion> {
+impl Metered<'_> {
+    /// Refuse a call whose prompt and budget do not fit the context, naming the stage.
+    fn check_fits(&self, prompt: &Prompt, max_tokens: usize) -> Result<()> {
         let prompt_tokens = self.inner.prompt_tokens(prompt)?;
         let context = self.inner.context_tokens();
         if prompt_tokens + max_tokens > context {
@@ -301,7 +298,34 @@ impl Llm for Metered<'_> {
                 ),
             ));
         }
+        Ok(())
+    }
+}
+
+impl Llm for Metered<'_> {
+    fn complete(
+        &mut self,
+        prompt: &Prompt,
+        max_tokens: usize,
+        grammar: Option<&Grammar>,
+    ) -> Result<Completion> {
+        self.check_fits(prompt, max_tokens)?;
         let completion = self.inner.complete(prompt, max_tokens, grammar)?;
+        self.ledger.record(&completion.usage);
+        Ok(completion)
+    }
+
+    fn complete_checking_lines(
+        &mut self,
+        prompt: &Prompt,
+        max_tokens: usize,
+        grammar: Option<&Grammar>,
+        refuse_line: &LineCheck,
+    ) -> Result<Completion> {
+        self.check_fits(prompt, max_tokens)?;
+        let completion =
+            self.inner
+                .complete_checking_lines(prompt, max_tokens, grammar, refuse_line)?;
         self.ledger.record(&completion.usage);
         Ok(completion)
     }

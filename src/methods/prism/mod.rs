@@ -34,6 +34,7 @@ use prompt::{
     SUMMARIZE_NOTES, SYSTEM,
 };
 use serde_json::Value;
+use std::cell::RefCell;
 use std::time::Instant;
 
 /// How the memory is shown to the model.
@@ -105,6 +106,10 @@ pub struct Step {
     /// list's size, or its token budget.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub capped: bool,
+    /// The line the step stopped before, because it repeated or reworded a
+    /// note the memory holds, or copied the prompt (see `Screen::goes_round`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_before: Option<String>,
     /// What the model wrote, verbatim.
     pub output: String,
     pub seconds: f64,
@@ -130,6 +135,9 @@ pub struct PrismState {
     /// Steps where a safety limit on the revisions bound.
     #[serde(default)]
     pub revisions_capped: usize,
+    /// Steps stopped at a line that went round in circles.
+    #[serde(default)]
+    pub revision_steps_stopped: usize,
     /// Times the amendments were folded into their base to make room.
     #[serde(default)]
     pub consolidations: usize,
@@ -147,6 +155,7 @@ impl PrismState {
             revisions_duplicate: 0,
             revisions_echo: 0,
             revisions_capped: 0,
+            revision_steps_stopped: 0,
             consolidations: 0,
         }
     }
@@ -242,7 +251,22 @@ impl<'a> Prism<'a> {
                 MAX_LINES,
             ))
         });
-        let completion = llm.complete(&prompt, self.config.revision_tokens, grammar.as_ref())?;
+        let stopped_before = RefCell::new(None);
+        let refuse_line = |kept: &str, line: &str| {
+            let refused = self.goes_round(&state.memory, kept, line);
+            if refused {
+                stopped_before.replace(Some(line.to_string()));
+            }
+            refused
+        };
+        let completion = llm.complete_checking_lines(
+            &prompt,
+            self.config.revision_tokens,
+            grammar.as_ref(),
+            &refuse_line,
+        )?;
+        let stopped_before = stopped_before.into_inner();
+        state.revision_steps_stopped += usize::from(stopped_before.is_some());
         let (applied, rejected) = self.fold(state, &completion.text);
         let capped = completion.usage.output_tokens >= self.config.revision_tokens
             || applied.len() + rejected.len() >= MAX_LINES
@@ -268,6 +292,7 @@ impl<'a> Prism<'a> {
             rejected,
             consolidated,
             capped,
+            stopped_before,
             output: completion.text,
             seconds: start.elapsed().as_secs_f64(),
         })
@@ -296,6 +321,25 @@ impl<'a> Prism<'a> {
         state.amendments = Amendments::new(state.memory.clone());
         state.consolidations += 1;
         Ok((prompt_of(state), true))
+    }
+
+    /// Whether the revision `line`, written after the lines `kept`, shows the
+    /// model going round in circles. A small model under greedy decoding that
+    /// repeats or rewords a note does so until its token budget runs out, so
+    /// the step stops at the first such line rather than decoding the rest.
+    fn goes_round(&self, memory: &Value, kept: &str, line: &str) -> bool {
+        let Some(Ok(revision)) = parse_revisions(line).into_iter().next() else {
+            return false;
+        };
+        let mut memory = memory.clone();
+        apply_revisions(
+            &mut memory,
+            kept,
+            self.schema,
+            self.config.updates,
+            Some(&self.screen),
+        );
+        self.screen.goes_round(&memory, &revision)
     }
 
     /// Parse `output`, take out of each revision what is redundant, and apply
@@ -551,6 +595,10 @@ impl Method for Prism<'_> {
         );
         stats.insert("revisions_echo".into(), state.revisions_echo.into());
         stats.insert("revisions_capped".into(), state.revisions_capped.into());
+        stats.insert(
+            "revision_steps_stopped".into(),
+            state.revision_steps_stopped.into(),
+        );
         stats.insert("consolidations".into(), state.consolidations.into());
         Ok(Advance::Done(Finish {
             summary,

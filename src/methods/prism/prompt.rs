@@ -54,8 +54,8 @@ pub(super) fn preamble(config: &PrismConfig, schema: &Schema) -> String {
          {update}\
          \n\
          Rules:\n\
-         1. A note is one sentence that makes sense on its own: name who did what.\n\
-         2. Note only what the text says, in its order.\n\
+         1. A note is one short sentence in your own words that makes sense on its own: name who did what.\n\
+         2. Note only what the text says, in its order: its main points, not every line.\n\
          3. Do not repeat a note the memory already has, and do not copy these instructions or the examples.\n\
          4. If the text adds nothing the query needs, write nothing.\n\
          \n\
