@@ -268,7 +268,7 @@ fn cok_applies_checked_revisions_and_records_the_key_chain() {
         prompts[2].segments[2],
         "{\n  \"Voyage\": [\"The ship sails north into ice.\"],\n  \"Crew\": [\"The crew is uneasy.\"]\n}\n"
     );
-    assert!(prompts[0].segments[0].contains("Keys this chunk matches: [\"$.'<key>'\"]"));
+    assert!(prompts[0].segments[0].contains("Keys this chunk matches: [\"$.'Harbour wall'\"]"));
 }
 
 #[test]

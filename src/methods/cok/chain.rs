@@ -107,13 +107,18 @@ pub(super) fn step(
 }
 
 /// What the preamble says a step writes, with an example shaped by `schema`.
+///
+/// The example's keys and notes come from a town council's minutes, so that
+/// the model can copy its form but nothing in it passes for the document. It
+/// used to show `<key>` placeholders, which the grammar forbids and which the
+/// small models copied as keys.
 pub(super) fn instructions(schema: &Schema) -> String {
     let example = match (
-        example_add(schema, "<key>"),
-        example_add(schema, "<new key>"),
+        example_add(schema, "Harbour wall", &[EXAMPLE_OLD_NOTE, EXAMPLE_UPDATE_NOTE]),
+        example_add(schema, "Idris Fenn", &[EXAMPLE_NEW_NOTE]),
     ) {
         (Some(old), Some(new)) => format!(
-            "For example:\n{LISTED}: {}\n{MATCHED}: {}\n{}{NEW}: {}\n{}",
+            "For example, from the minutes of a town council:\n{LISTED}: {}\n{MATCHED}: {}\n{}{NEW}: {}\n{}",
             key_list(std::slice::from_ref(&old.path)),
             key_list(std::slice::from_ref(&old.path)),
             render_revision(&Revision::update(old.path.clone(), old.value.clone())),
@@ -129,9 +134,15 @@ pub(super) fn instructions(schema: &Schema) -> String {
          an update line for each matched key, with all its notes: the old ones and the new facts\n\
          {NEW}: the keys this chunk needs that the memory does not have yet, as a JSON list of paths\n\
          an add line for each new key, with its notes\n\
-         {example}Use the names, places and events of the chunk; do not copy the placeholders."
+         {example}Use the names, places and events of your chunk; never copy the example."
     )
 }
+
+/// The notes of the worked example in [`instructions`]: a key's note, the
+/// note a later chunk adds to it, and a new key's note.
+const EXAMPLE_OLD_NOTE: &str = "The council set aside 40,000 to repair the harbour wall.";
+const EXAMPLE_UPDATE_NOTE: &str = "March storms raised the cost of the repairs to 65,000.";
+const EXAMPLE_NEW_NOTE: &str = "A councillor who reported the higher cost of the repairs.";
 
 /// The memory's keys, in the memory's order: the entries of its maps, and
 /// its declared properties whose value is not an object. An object property
@@ -335,8 +346,9 @@ fn list_rule(name: &str, items: &[String]) -> String {
 }
 
 /// An `add` revision at the first place an empty memory can grow, named
-/// `new_key` where the model would choose a key, with a placeholder value.
-fn example_add(schema: &Schema, new_key: &str) -> Option<Revision> {
+/// An `add` at the memory's first place for one, at `new_key` where the
+/// model would choose a key, holding `notes`.
+fn example_add(schema: &Schema, new_key: &str, notes: &[&str]) -> Option<Revision> {
     let empty = schema.empty_memory();
     let (pattern, node) = schema.add_targets(&empty).into_iter().next()?;
     let path = match &pattern.next {
@@ -344,23 +356,32 @@ fn example_add(schema: &Schema, new_key: &str) -> Option<Revision> {
         Next::Key(name) => pattern.prefix.key(name.clone()),
         Next::Index(index) => pattern.prefix.index(*index),
     };
-    Some(Revision::add(path, placeholder(schema, node, 0)))
+    Some(Revision::add(path, example_of(schema, node, notes, 0)))
 }
 
-/// A value of `node`'s type with `<…>` placeholders for its text.
-fn placeholder(schema: &Schema, node: &crate::memory::SchemaNode, depth: usize) -> Value {
+/// A value of `node`'s type that carries `notes`: a list holds them all, an
+/// object fills each text field, a string joins them.
+fn example_of(
+    schema: &Schema,
+    node: &crate::memory::SchemaNode,
+    notes: &[&str],
+    depth: usize,
+) -> Value {
     match &schema.resolve(node).kind {
-        _ if depth > 3 => Value::String("<…>".into()),
-        NodeKind::Array { items } => Value::Array(vec![placeholder(schema, items, depth + 1)]),
+        _ if depth > 3 => Value::String(notes.join(" ")),
+        NodeKind::Array { items } => notes
+            .iter()
+            .map(|note| example_of(schema, items, &[note], depth + 1))
+            .collect(),
         NodeKind::Object { properties, .. } => Value::Object(
             properties
                 .iter()
-                .map(|(key, child)| (key.clone(), placeholder(schema, child, depth + 1)))
+                .map(|(key, child)| (key.clone(), example_of(schema, child, notes, depth + 1)))
                 .collect(),
         ),
         NodeKind::Number | NodeKind::Integer => Value::from(0),
         NodeKind::Boolean => Value::Bool(true),
-        _ => Value::String("<what this chunk says>".into()),
+        _ => Value::String(notes.join(" ")),
     }
 }
 
@@ -518,12 +539,17 @@ New keys: ["$.'The storm'"]
     fn the_instructions_carry_an_example_shaped_by_the_schema() {
         let text = instructions(&load("cok-book.json"));
         assert!(
-            text.contains("Keys in memory: [\"$.characters.'<key>'\"]"),
+            text.contains("Keys in memory: [\"$.characters.'Harbour wall'\"]"),
             "{text}"
         );
         assert!(
-            text.contains(r#"{"op": "add", "path": "$.characters.'<new key>'", "value": ["<what this chunk says>"]}"#),
+            text.contains(r#"{"op": "update", "path": "$.characters.'Harbour wall'", "value": ["The council set aside 40,000 to repair the harbour wall.", "March storms raised the cost of the repairs to 65,000."]}"#),
             "{text}"
         );
+        assert!(
+            text.contains(r#"{"op": "add", "path": "$.characters.'Idris Fenn'", "value": ["A councillor who reported the higher cost of the repairs."]}"#),
+            "{text}"
+        );
+        assert!(!text.contains('<'), "{text}");
     }
 }
