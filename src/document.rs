@@ -7,11 +7,16 @@
 //! onto the file as the user sees it (shifted only by the BOM and the removed `\r`s).
 
 use std::fs;
+use std::io::Read;
 use std::path::Path;
 
 use crate::{Error, Result};
 
 const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// The default bound on a document's size: 64 MiB of text is some 15
+/// million tokens, dozens of long novels, and days of work on a CPU.
+pub const MAX_DOCUMENT_BYTES: u64 = 64 << 20;
 
 /// A file where more than this share of bytes are control characters (other than
 /// tab, line feed, carriage return and form feed) is treated as binary.
@@ -19,11 +24,12 @@ const MAX_CONTROL_SHARE: f64 = 0.05;
 
 /// Read the document at `path` as UTF-8 text, without a BOM and with LF line ends.
 ///
-/// Fails, naming the path, when the file is missing, is a directory, is empty or
+/// Fails, naming the path, when the file is missing, is a directory or not a
+/// regular file, is larger than `max_bytes`, is empty or
 /// whitespace only, is UTF-16, looks binary (a NUL byte, or many control
 /// characters), or is not valid UTF-8 (the error gives the byte offset of the
 /// first bad byte in the file).
-pub fn read_document(path: &Path) -> Result<String> {
+pub fn read_document(path: &Path, max_bytes: u64) -> Result<String> {
     let refuse = |reason: String| Error::invalid(path.display().to_string(), reason);
 
     // fs::read on a directory fails with an unhelpful OS message on some platforms
@@ -32,7 +38,27 @@ pub fn read_document(path: &Path) -> Result<String> {
     if metadata.is_dir() {
         return Err(refuse("is a directory, not a text file".into()));
     }
-    let bytes = fs::read(path).map_err(|err| Error::io(path, err))?;
+    if !metadata.is_file() {
+        return Err(refuse(
+            "is not a regular file (a device, pipe or socket); save the text to a file first"
+                .into(),
+        ));
+    }
+    // Read through the bound rather than trusting the size: the file may
+    // grow while it is read.
+    let mut bytes = Vec::new();
+    fs::File::open(path)
+        .and_then(|file| {
+            file.take(max_bytes.saturating_add(1))
+                .read_to_end(&mut bytes)
+        })
+        .map_err(|err| Error::io(path, err))?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(refuse(format!(
+            "is larger than {} MiB; split it, or raise --max-document-mib",
+            max_bytes as f64 / f64::from(1 << 20)
+        )));
+    }
 
     if bytes.starts_with(b"\xFF\xFE") || bytes.starts_with(b"\xFE\xFF") {
         return Err(refuse("is UTF-16 text; convert it to UTF-8 first".into()));
@@ -87,7 +113,7 @@ mod tests {
 
     /// The error as the user sees it: one line that names the file.
     fn message(path: &Path) -> String {
-        let err = read_document(path).expect_err("should be refused");
+        let err = read_document(path, MAX_DOCUMENT_BYTES).expect_err("should be refused");
         let text = err.to_string();
         assert!(!text.contains('\n'), "one line: {text}");
         assert!(
@@ -102,7 +128,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let text = "Chapter 1\n\nIt was a dark night.\tTabs stay.\n";
         let path = write(&dir, "a.txt", text.as_bytes());
-        assert_eq!(read_document(&path).unwrap(), text);
+        assert_eq!(read_document(&path, MAX_DOCUMENT_BYTES).unwrap(), text);
     }
 
     #[test]
@@ -110,7 +136,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = write(&dir, "a.txt", b"\xEF\xBB\xBFone\r\ntwo\r\n\r\nthree\rfour");
         // A lone CR is not a line end we rewrite; only CRLF pairs become LF.
-        assert_eq!(read_document(&path).unwrap(), "one\ntwo\n\nthree\rfour");
+        assert_eq!(
+            read_document(&path, MAX_DOCUMENT_BYTES).unwrap(),
+            "one\ntwo\n\nthree\rfour"
+        );
     }
 
     #[test]
@@ -118,7 +147,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let text = "Übermensch — 東京 🙂\n";
         let path = write(&dir, "a.txt", text.as_bytes());
-        assert_eq!(read_document(&path).unwrap(), text);
+        assert_eq!(read_document(&path, MAX_DOCUMENT_BYTES).unwrap(), text);
     }
 
     #[test]
@@ -126,7 +155,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("nope.txt");
         message(&path);
-        let err = read_document(&path).unwrap_err();
+        let err = read_document(&path, MAX_DOCUMENT_BYTES).unwrap_err();
         assert!(
             matches!(&err, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound),
             "{err:?}"
@@ -181,7 +210,7 @@ mod tests {
         text.push('\x0C');
         text.push('\x1B');
         let path = write(&dir, "a.txt", text.as_bytes());
-        assert_eq!(read_document(&path).unwrap(), text);
+        assert_eq!(read_document(&path, MAX_DOCUMENT_BYTES).unwrap(), text);
     }
 
     #[test]
@@ -206,5 +235,24 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = write(&dir, "a.txt", b"\xEF\xBB\xBFab\xFF");
         assert!(message(&path).contains("offset 5"));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_device_is_refused() {
+        let err = read_document(Path::new("/dev/zero"), MAX_DOCUMENT_BYTES).unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+    }
+
+    #[test]
+    fn a_file_over_the_bound_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(&dir, "long.txt", &b"word ".repeat(1000));
+        let err = read_document(&path, 4096).unwrap_err();
+        assert!(
+            err.to_string().contains("raise --max-document-mib"),
+            "{err}"
+        );
+        assert!(read_document(&path, 5000).is_ok());
     }
 }

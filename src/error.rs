@@ -104,3 +104,18 @@ fn without_backtrace(error: candle_core::Error) -> candle_core::Error {
         other => other,
     }
 }
+
+/// Run `parse`, a third-party parser of untrusted bytes that panics on some
+/// input it does not expect, and return `None` if it panicked. The panic
+/// message is kept off stderr: the caller reports the bad input as an error.
+///
+/// The panic hook is process-wide, so a panic on another thread in the same
+/// moment goes unprinted too; parsers run while a model loads, when nothing
+/// else is at work.
+pub(crate) fn without_panic<T>(parse: impl FnOnce() -> T) -> Option<T> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(parse));
+    std::panic::set_hook(hook);
+    parsed.ok()
+}

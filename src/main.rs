@@ -11,6 +11,8 @@ fn main() -> ExitCode {
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {}", one_line(&err));
+            // The whole chain, with a backtrace when one was captured, for `PRISM_LOG=debug`.
+            tracing::debug!("{err:?}");
             ExitCode::FAILURE
         }
     }
@@ -18,18 +20,21 @@ fn main() -> ExitCode {
 
 /// The error and its causes joined with ": ", leaving out a cause whose text
 /// the message before it already ends with (the library's errors show their
-/// source in their own message, for callers that print only that).
+/// source in their own message, for callers that print only that). Only the
+/// first line of each is kept: with `RUST_BACKTRACE` set, candle's errors
+/// carry a backtrace after theirs.
 fn one_line(err: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in err.chain() {
         let text = cause.to_string();
-        if line.ends_with(&text) {
+        let text = text.lines().next().unwrap_or_default().trim_end();
+        if text.is_empty() || line.ends_with(text) {
             continue;
         }
         if !line.is_empty() {
             line.push_str(": ");
         }
-        line.push_str(&text);
+        line.push_str(text);
     }
     line
 }
@@ -52,6 +57,13 @@ mod tests {
         let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
         let err = anyhow::Error::new(prism::Error::io("book.txt", missing)).context("reading");
         assert_eq!(one_line(&err), "reading: book.txt: no such file");
+    }
+
+    #[test]
+    fn a_backtrace_after_a_message_is_left_out() {
+        let err = anyhow::anyhow!("shape mismatch\nstack backtrace:\n   0: candle_core::…")
+            .context("loading model.gguf");
+        assert_eq!(one_line(&err), "loading model.gguf: shape mismatch");
     }
 
     #[test]

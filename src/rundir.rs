@@ -81,6 +81,11 @@ impl RunDir {
     pub const STATS: &'static str = "stats.json";
     /// Where a stopped run resumes from; see [`Checkpoint`].
     pub const CHECKPOINT: &'static str = "checkpoint.json";
+    /// The checkpoint before the last one, kept so that a damaged or missing
+    /// [`RunDir::CHECKPOINT`] costs one step, not the run.
+    pub const PREVIOUS_CHECKPOINT: &'static str = "checkpoint.prev.json";
+    /// Locked while a process writes the run; see [`RunDir::lock`].
+    pub const LOCK: &'static str = ".lock";
 
     /// Use `path` as a run directory, creating it (and its parents) if needed.
     /// Fails if `path` exists but is not a directory.
@@ -215,8 +220,53 @@ impl RunDir {
         Ok(values)
     }
 
-    /// Save `checkpoint` to [`RunDir::CHECKPOINT`], atomically.
+    /// Take the run's lock for as long as the returned guard lives, so that
+    /// two processes never write one run's steps and checkpoints at once.
+    /// Fails at once, naming the directory, when another process holds it.
+    /// The operating system releases the lock when the process ends, however
+    /// it ends.
+    pub fn lock(&self) -> Result<RunLock> {
+        let path = self.file(Self::LOCK)?;
+        let mut file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|err| Error::io(&path, err))?;
+        match file.try_lock() {
+            Ok(()) => {
+                // The holder's process id, for the error a second writer gets.
+                file.set_len(0)
+                    .and_then(|()| write!(file, "{}", std::process::id()))
+                    .map_err(|err| Error::io(&path, err))?;
+                Ok(RunLock { _file: file })
+            }
+            Err(fs::TryLockError::WouldBlock) => {
+                let holder = fs::read_to_string(&path).unwrap_or_default();
+                let holder = match holder.trim() {
+                    "" => "another prism process".to_string(),
+                    pid => format!("prism process {pid}"),
+                };
+                Err(Error::invalid(
+                    self.path.display().to_string(),
+                    format!("{holder} is writing this run; wait for it or choose another --out"),
+                ))
+            }
+            Err(fs::TryLockError::Error(err)) => Err(Error::io(&path, err)),
+        }
+    }
+
+    /// Save `checkpoint` to [`RunDir::CHECKPOINT`], atomically, keeping the
+    /// one it replaces as [`RunDir::PREVIOUS_CHECKPOINT`].
     pub fn save_checkpoint<S: Serialize>(&self, checkpoint: &Checkpoint<S>) -> Result<()> {
+        let current = self.file(Self::CHECKPOINT)?;
+        let previous = self.file(Self::PREVIOUS_CHECKPOINT)?;
+        match fs::rename(&current, &previous) {
+            Ok(()) => {}
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+            Err(err) => return Err(Error::io(&current, err)),
+        }
         self.write_json(Self::CHECKPOINT, checkpoint)
     }
 
@@ -231,10 +281,21 @@ impl RunDir {
     ) -> Result<Option<Checkpoint<S>>> {
         // Check version and settings before the state: a state from other settings
         // may not even parse, and "different settings" is the useful message then.
-        let Some(raw) = self.read_json::<Checkpoint<Value>>(Self::CHECKPOINT)? else {
-            return Ok(None);
+        let (raw, name) = match self.read_json::<Checkpoint<Value>>(Self::CHECKPOINT) {
+            Ok(Some(raw)) => (raw, Self::CHECKPOINT),
+            current => match self.read_json::<Checkpoint<Value>>(Self::PREVIOUS_CHECKPOINT) {
+                Ok(Some(previous)) => {
+                    tracing::warn!(
+                        "{}: {} is missing or damaged; resuming from the checkpoint before it",
+                        self.path.display(),
+                        Self::CHECKPOINT
+                    );
+                    (previous, Self::PREVIOUS_CHECKPOINT)
+                }
+                _ => return current.map(|_| None),
+            },
         };
-        let path = self.file(Self::CHECKPOINT)?.display().to_string();
+        let path = self.file(name)?.display().to_string();
         let start_over = "use a new --out or drop --resume";
         if raw.version != CHECKPOINT_VERSION {
             return Err(Error::invalid(
@@ -268,6 +329,12 @@ impl RunDir {
             state,
         }))
     }
+}
+
+/// Holds a run directory's lock until dropped; see [`RunDir::lock`].
+#[derive(Debug)]
+pub struct RunLock {
+    _file: File,
 }
 
 /// The format of [`Checkpoint`] this build writes and reads.
@@ -676,5 +743,39 @@ mod tests {
             chunk_tokens: 1024,
         });
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn a_second_lock_on_a_run_is_refused_until_the_first_is_dropped() {
+        let (_temp, run) = run_dir();
+        let held = run.lock().unwrap();
+        let err = run.lock().unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("prism process {}", std::process::id())),
+            "{err}"
+        );
+        drop(held);
+        run.lock().unwrap();
+    }
+
+    #[test]
+    fn a_damaged_checkpoint_falls_back_to_the_one_before() {
+        let (_temp, run) = run_dir();
+        run.save_checkpoint(&Checkpoint::new("f", 1, json!({"memory": 1})))
+            .unwrap();
+        run.save_checkpoint(&Checkpoint::new("f", 2, json!({"memory": 2})))
+            .unwrap();
+        fs::write(
+            run.file(RunDir::CHECKPOINT).unwrap(),
+            b"{\"version\": 2, \"conf",
+        )
+        .unwrap();
+        let loaded = run.load_checkpoint::<Value>("f").unwrap().unwrap();
+        assert_eq!(loaded.completed_steps, 1);
+        fs::remove_file(run.file(RunDir::CHECKPOINT).unwrap()).unwrap();
+        let loaded = run.load_checkpoint::<Value>("f").unwrap().unwrap();
+        assert_eq!(loaded.state, json!({"memory": 1}));
+        fs::remove_file(run.file(RunDir::PREVIOUS_CHECKPOINT).unwrap()).unwrap();
+        assert!(run.load_checkpoint::<Value>("f").unwrap().is_none());
     }
 }

@@ -2,42 +2,10 @@
 //! report and charts, pausing and resuming, and refusing bad input with one
 //! error line.
 
-use crate::common::{assert_one_error_line, run_prism, write_tiny_model, TinyArch};
+use crate::common::{
+    assert_one_error_line, run_prism, tiny_chat_model, words_document as document,
+};
 use std::path::{Path, PathBuf};
-
-/// A tiny model that can chat: a chat template, and a context long enough
-/// for PRISM's prompts, which hold its schema and instructions.
-fn tiny_chat_model(dir: &Path) {
-    write_tiny_model(dir, TinyArch::Llama, 5);
-    let config_path = dir.join("config.json");
-    let config = std::fs::read_to_string(&config_path).unwrap();
-    let config = config.replace(
-        "\"max_position_embeddings\":256",
-        "\"max_position_embeddings\":8192",
-    );
-    std::fs::write(&config_path, config).unwrap();
-    let template = "{% for message in messages %}{{ message.content }} {% endfor %}";
-    std::fs::write(
-        dir.join("tokenizer_config.json"),
-        serde_json::json!({ "chat_template": template }).to_string(),
-    )
-    .unwrap();
-}
-
-fn document(dir: &Path) -> PathBuf {
-    let path = dir.join("doc.txt");
-    let paragraphs: Vec<String> = (0..8)
-        .map(|p| {
-            (0..6)
-                .map(|w| format!("w{}", 2 + (p * 7 + w) % 60))
-                .collect::<Vec<_>>()
-                .join(" ")
-                + "."
-        })
-        .collect();
-    std::fs::write(&path, paragraphs.join("\n\n")).unwrap();
-    path
-}
 
 /// A temporary directory holding a tiny chat model and a document, and the
 /// path of a bench directory in it: (dir, model, document, bench dir).

@@ -5,7 +5,7 @@ use prism::engine::Usage;
 use prism::methods::llm::{Completion, Llm, Prompt};
 use prism::methods::run::RunFiles;
 use prism::rundir::RunDir;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Path of a model file that `scripts/setup` fetched into the models directory.
 /// Panics with the command to run when it is missing: tests never download.
@@ -180,6 +180,41 @@ fn tiny_tokenizer_json() -> String {
     .to_string()
 }
 
+/// A tiny model that can chat: a chat template, and a context long enough
+/// for PRISM's prompts, which hold its schema and instructions.
+pub fn tiny_chat_model(dir: &Path) {
+    write_tiny_model(dir, TinyArch::Llama, 5);
+    let config_path = dir.join("config.json");
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    let config = config.replace(
+        "\"max_position_embeddings\":256",
+        "\"max_position_embeddings\":8192",
+    );
+    std::fs::write(&config_path, config).unwrap();
+    let template = "{% for message in messages %}{{ message.content }} {% endfor %}";
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        serde_json::json!({ "chat_template": template }).to_string(),
+    )
+    .unwrap();
+}
+
+/// `doc.txt` in `dir`: eight short paragraphs of the tiny model's words.
+pub fn words_document(dir: &Path) -> PathBuf {
+    let path = dir.join("doc.txt");
+    let paragraphs: Vec<String> = (0..8)
+        .map(|p| {
+            (0..6)
+                .map(|w| format!("w{}", 2 + (p * 7 + w) % 60))
+                .collect::<Vec<_>>()
+                .join(" ")
+                + "."
+        })
+        .collect();
+    std::fs::write(&path, paragraphs.join("\n\n")).unwrap();
+    path
+}
+
 /// The run files of a test run in `dir` (fingerprint "test", default
 /// sampling): a fresh start or `resume`, stopping after `stop_after` units
 /// when given.
@@ -217,6 +252,23 @@ pub fn assert_one_error_line(result: &(bool, String, String), needle: &str) {
     assert_eq!(lines.len(), 1, "expected one error line, got: {stderr}");
     assert!(lines[0].starts_with("error: "), "{stderr}");
     assert!(lines[0].contains(needle), "`{needle}` not in: {stderr}");
+}
+
+/// Assert a failed run ended with exactly one error line, an `error:` line
+/// containing `needle`, after whatever progress it reported, and no panic.
+pub fn assert_ends_with_one_error_line(result: &(bool, String, String), needle: &str) {
+    let (success, _, stderr) = result;
+    assert!(!success, "expected failure, stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "panicked: {stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error")).collect();
+    assert_eq!(errors.len(), 1, "expected one error line, got: {stderr}");
+    let last = stderr.lines().rev().find(|l| !l.trim().is_empty());
+    assert_eq!(
+        last,
+        Some(errors[0]),
+        "the error is not the last line: {stderr}"
+    );
+    assert!(errors[0].contains(needle), "`{needle}` not in: {stderr}");
 }
 
 /// A model that answers from a script and counts tokens as characters, with a

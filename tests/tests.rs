@@ -1,5 +1,6 @@
 //! One integration-test binary; each module covers one capability.
 
+mod bad_input;
 mod baselines;
 mod bench;
 mod cli;

@@ -4,7 +4,7 @@
 //! or interrupted sweep still has a report and resumes where it stopped.
 
 use super::summarize::{Bar, Document, Job, MemoryArg, MethodArgs, MethodName, OnOff};
-use super::{EngineArgs, SamplingArgs};
+use super::{DocumentLimit, EngineArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Subcommand, ValueEnum};
@@ -69,6 +69,8 @@ struct SweepArgs {
     /// Read only the first chunks of the document, up to this many tokens in all.
     #[arg(long)]
     first_tokens: Option<usize>,
+    #[command(flatten)]
+    document_limit: DocumentLimit,
     /// Pause the sweep after this many runs; continue with --resume.
     #[arg(long)]
     stop_after_runs: Option<usize>,
@@ -107,7 +109,7 @@ fn regenerate(dir: &Path) -> Result<()> {
     let bench = RunDir::create(dir)?;
     let rows: Vec<Row> = bench.read_jsonl(RESULTS)?;
     write_reports(&bench, &rows)?;
-    print!("{}", report::markdown(&rows));
+    out!("{}", report::markdown(&rows))?;
     Ok(())
 }
 
@@ -290,7 +292,7 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
         .map(prism::quality::qa::read_pairs)
         .transpose()?;
     let mut judge: Option<Engine> = None;
-    let text = prism::document::read_document(document_path)?;
+    let text = args.document_limit.read(document_path)?;
     let mut engine = args.engine.load()?;
     let document_tokens = Document::count(&engine, document_path, &text)?;
     // One split per chunk size actually used: `detail` picks its own from --detail.
@@ -332,7 +334,7 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
     let job = |planned| Planned::job(planned, &documents, &sampling, args.resume);
     let mut pending = Vec::new();
     for planned in &plan {
-        let fingerprint = job(planned).fingerprint(engine.name());
+        let fingerprint = job(planned).fingerprint(&engine.identity());
         if let Some(index) = finished(&rows, planned, out) {
             let row = &rows[index];
             anyhow::ensure!(
@@ -385,7 +387,7 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
                 "{}: paused after {index} runs; continue with --resume",
                 out.display()
             );
-            print!("{}", report::markdown(&rows));
+            out!("{}", report::markdown(&rows))?;
             return Ok(());
         }
         let position = plan.len() - pending.len() + index + 1;
@@ -412,7 +414,7 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
         let row = context.row(
             planned,
             &documents[planned.document],
-            job.fingerprint(engine.name()),
+            job.fingerprint(&engine.identity()),
             stats,
         );
         bench.append_jsonl(RESULTS, &row)?;
@@ -434,7 +436,7 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
     }
     bar.bar.finish_and_clear();
     eprintln!("{}: sweep finished; report in {REPORT}", out.display());
-    print!("{}", report::markdown(&rows));
+    out!("{}", report::markdown(&rows))?;
     Ok(())
 }
 

@@ -27,10 +27,8 @@ pub struct BenchEngineArgs {
 pub fn run(args: BenchEngineArgs) -> Result<()> {
     let mut engine = args.engine.load()?;
     if !args.json {
-        println!(
-            "| context | prefill tok/s | decode tok/s | 90% cached (s) | cold (s) | speedup |"
-        );
-        println!("|---:|---:|---:|---:|---:|---:|");
+        outln!("| context | prefill tok/s | decode tok/s | 90% cached (s) | cold (s) | speedup |")?;
+        outln!("|---:|---:|---:|---:|---:|---:|")?;
     }
     for &context in &args.context {
         anyhow::ensure!(
@@ -41,9 +39,9 @@ pub fn run(args: BenchEngineArgs) -> Result<()> {
         );
         let figures = measure(&mut engine, context, args.decode_steps, args.repeats)?;
         if args.json {
-            println!("{}", serde_json::to_string(&figures)?);
+            outln!("{}", serde_json::to_string(&figures)?)?;
         } else {
-            println!(
+            outln!(
                 "| {} | {:.1} | {:.1} | {:.3} | {:.3} | {:.1}× |",
                 figures.context_tokens,
                 figures.prefill_tokens_per_second,
@@ -51,7 +49,7 @@ pub fn run(args: BenchEngineArgs) -> Result<()> {
                 figures.warm_90_seconds,
                 figures.cold_seconds,
                 figures.cold_seconds / figures.warm_90_seconds,
-            );
+            )?;
         }
     }
     Ok(())

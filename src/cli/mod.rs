@@ -1,5 +1,23 @@
 //! Subcommands and the flags they share.
 
+/// `print!` to stdout that returns the write's error instead of panicking,
+/// so that a closed pipe (`prism models list | head -1`) ends the program
+/// quietly rather than with a panic.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// `println!` to stdout that returns the write's error, like [`out!`].
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
 mod bench;
 mod bench_engine;
 mod generate;
@@ -50,8 +68,10 @@ enum Command {
 }
 
 pub fn run() -> Result<()> {
-    let matches = Cli::command().get_matches();
-    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let matches = Cli::command()
+        .try_get_matches()
+        .unwrap_or_else(|e| exit_on_usage(e));
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| exit_on_usage(e));
     init_logging();
     match cli.command {
         Command::Generate(args) => {
@@ -84,22 +104,60 @@ fn init_logging() {
         .init();
 }
 
+/// Print help or the version as clap does; print any other usage error as
+/// one line (clap's message without its usage block) and exit with status 2.
+fn exit_on_usage(err: clap::Error) -> ! {
+    if !err.use_stderr() {
+        err.exit()
+    }
+    let rendered = err.render().to_string();
+    let message = rendered
+        .split("\n\nUsage:")
+        .next()
+        .unwrap_or_default()
+        .split("\n\nFor more information")
+        .next()
+        .unwrap_or_default();
+    let message: Vec<&str> = message.split_whitespace().collect();
+    eprintln!("{}", message.join(" "));
+    std::process::exit(2)
+}
+
+/// How large a document may be.
+#[derive(Debug, Args)]
+pub struct DocumentLimit {
+    /// The largest document read, in MiB; a larger one is refused before it is read in full.
+    #[arg(long, value_name = "MIB", default_value_t = prism::document::MAX_DOCUMENT_BYTES >> 20)]
+    pub max_document_mib: u64,
+}
+
+impl DocumentLimit {
+    /// Read the document at `path` within this limit.
+    pub fn read(&self, path: &std::path::Path) -> Result<String> {
+        Ok(prism::document::read_document(
+            path,
+            self.max_document_mib.saturating_mul(1 << 20),
+        )?)
+    }
+}
+
 /// Flags that choose and load the model.
 #[derive(Debug, Args)]
 pub struct EngineArgs {
     /// A known model name (see `prism models list`), a .gguf file, a model directory, or a Hugging Face repo id.
     #[arg(long, short, default_value = source::DEFAULT_MODEL)]
     pub model: String,
-    /// CPU threads (default: physical cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
+    /// CPU threads (default: physical cores; at most 1024).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: Option<u16>,
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     pub device: DeviceChoice,
     /// Recompute every prompt from scratch instead of reusing the cached prefix.
     #[arg(long)]
     pub no_prefix_cache: bool,
-    /// Token sequences kept cached; a prompt continues the one it shares the longest prefix with.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    /// Token sequences kept cached (1 to 64); a prompt continues the one it shares the longest
+    /// prefix with. Each slot's KV cache grows with the tokens it holds, up to the model's context.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub cache_slots: u16,
     /// Weights for multi-token prefill: `dense` (f32 copy, fastest, more memory) or `quantized`.
     /// Default: dense when the copy stays under 4 GiB.
@@ -123,8 +181,11 @@ impl EngineArgs {
     /// Size the thread pools, resolve `--model` and load it, reporting the time on stderr.
     pub fn load(&self) -> Result<Engine> {
         if let Some(threads) = self.threads {
-            anyhow::ensure!(threads > 0, "--threads must be at least 1");
-            device::set_threads(threads);
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            if usize::from(threads) > cores {
+                eprintln!("warning: --threads {threads} is more than the {cores} this machine has; they will contend");
+            }
+            device::set_threads(usize::from(threads));
         }
         let source = source::resolve(&self.model)?;
         let start = Instant::now();

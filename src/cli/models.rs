@@ -32,13 +32,13 @@ pub fn run(args: ModelsArgs) -> Result<()> {
             let dir = source::models_dir();
             for manifest in source::manifests() {
                 let fetched = dir.join(&manifest.file).is_file();
-                println!(
+                outln!(
                     "{:<32} {:<6} {:<10} {}",
                     manifest.name,
                     manifest.architecture,
                     if fetched { "fetched" } else { "not fetched" },
                     manifest.description
-                );
+                )?;
             }
             eprintln!("models directory: {}", dir.display());
             Ok(())
@@ -53,12 +53,12 @@ pub fn run(args: ModelsArgs) -> Result<()> {
                 let manifest = source::find_manifest(&name)
                     .ok_or_else(|| prism::Error::UnknownModel { name: name.clone() })?;
                 let path = source::fetch(&manifest, &mut |line| eprintln!("{line}"))?;
-                println!("{}", path.display());
+                outln!("{}", path.display())?;
             }
             Ok(())
         }
         ModelsCommand::Path { name } => {
-            println!("{}", source::resolve(&name)?.path().display());
+            outln!("{}", source::resolve(&name)?.path().display())?;
             Ok(())
         }
     }

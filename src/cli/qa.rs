@@ -4,7 +4,7 @@
 
 use super::generate::describe;
 use super::summarize::{Document, OnOff};
-use super::{EngineArgs, SamplingArgs};
+use super::{DocumentLimit, EngineArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use prism::engine::sampling::SamplingConfig;
@@ -42,6 +42,8 @@ pub struct GenerateQaArgs {
     /// Read only the first chunks of the document, up to this many tokens in all.
     #[arg(long)]
     first_tokens: Option<usize>,
+    #[command(flatten)]
+    document_limit: DocumentLimit,
     /// Decode pairs under a JSON Schema, so that every pair parses.
     #[arg(long, value_enum, default_value = "on")]
     constrained: OnOff,
@@ -60,7 +62,7 @@ pub fn run(args: QaArgs) -> Result<()> {
 fn generate(args: GenerateQaArgs) -> Result<()> {
     anyhow::ensure!(args.n > 0, "--n must be at least 1");
     let sampling = args.sampling.config(SamplingConfig::default())?;
-    let text = prism::document::read_document(&args.document)?;
+    let text = args.document_limit.read(&args.document)?;
     let mut engine = args.engine.load()?;
     let tokens = Document::count(&engine, &args.document, &text)?;
     let document = Document::split(&engine, &text, tokens, args.chunk_tokens, args.first_tokens)?;
@@ -119,26 +121,30 @@ pub struct ScoreQaArgs {
 }
 
 pub fn run_score_qa(args: ScoreQaArgs) -> Result<()> {
-    let summary = prism::document::read_document(&args.summary)?;
+    let summary =
+        prism::document::read_document(&args.summary, prism::document::MAX_DOCUMENT_BYTES)?;
     let pairs = qa::read_pairs(&args.questions)?;
     let mut engine = args.engine.load()?;
     let mut llm = EngineLlm::new(&mut engine, GenerateOptions::default());
     let score = qa::score_summary(&mut llm, &summary, &pairs)?;
     if args.json {
-        println!("{}", serde_json::to_string(&score)?);
+        outln!("{}", serde_json::to_string(&score)?)?;
         return Ok(());
     }
     for answered in &score.questions {
-        println!(
+        outln!(
             "{:.2}  {}  → {}  (reference: {})",
-            answered.f1, answered.question, answered.answer, answered.reference
-        );
+            answered.f1,
+            answered.question,
+            answered.answer,
+            answered.reference
+        )?;
     }
-    println!(
+    outln!(
         "Correct-F1 {:.3} over {} questions",
         score.correct_f1,
         score.questions.len()
-    );
+    )?;
     eprintln!("{} calls, {}", score.calls, describe(&score.figures));
     Ok(())
 }

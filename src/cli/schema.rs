@@ -93,7 +93,7 @@ fn run_generate(args: GenerateSchemaArgs) -> Result<()> {
     let text = format!("{}\n", serde_json::to_string_pretty(&generated.schema)?);
     prism::rundir::write_atomic(out, text.as_bytes())
         .with_context(|| format!("writing {}", out.display()))?;
-    print!("{text}");
+    out!("{text}")?;
     let figures = &generated.figures;
     eprintln!(
         "{}: schema accepted on attempt {} of {}; {} calls, prompt {} tokens, reused {}, net {}, output {}, cache hit {:.1}%",

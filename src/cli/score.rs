@@ -63,7 +63,8 @@ pub fn run(args: ScoreArgs) -> Result<()> {
 }
 
 fn run_coherence(args: CoherenceArgs) -> Result<()> {
-    let summary = prism::document::read_document(&args.summary)?;
+    let summary =
+        prism::document::read_document(&args.summary, prism::document::MAX_DOCUMENT_BYTES)?;
     let sampling = args.sampling.config(SamplingConfig::default())?;
     let mut engine = args.engine.load()?;
     let config = CoherenceConfig {
@@ -94,7 +95,7 @@ fn run_coherence(args: CoherenceArgs) -> Result<()> {
             judge_model: &judge_model,
             report: &report,
         };
-        println!("{}", serde_json::to_string_pretty(&printed)?);
+        outln!("{}", serde_json::to_string_pretty(&printed)?)?;
     } else {
         for verdict in &report.verdicts {
             let label = match verdict.verdict {
@@ -106,7 +107,7 @@ fn run_coherence(args: CoherenceArgs) -> Result<()> {
                 }
                 VerdictKind::Unparsed => "unparsed".to_string(),
             };
-            println!("[{label}] {}", verdict.sentence);
+            outln!("[{label}] {}", verdict.sentence)?;
         }
     }
     let parsed = report

@@ -6,13 +6,13 @@
 //! [`MethodSpec`], splitting the document, and running one method into one
 //! run directory.
 
-use super::{EngineArgs, SamplingArgs};
+use super::{DocumentLimit, EngineArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use prism::chunk::Chunk;
 use prism::engine::sampling::SamplingConfig;
-use prism::engine::{Engine, GenerateOptions};
+use prism::engine::{Engine, EngineIdentity, GenerateOptions};
 use prism::memory::{shipped, Schema};
 use prism::methods::cok::{CokConfig, Variant};
 use prism::methods::cos::CosConfig;
@@ -284,6 +284,8 @@ pub struct SummarizeArgs {
     /// Read only the first chunks of the document, up to this many tokens in all.
     #[arg(long)]
     first_tokens: Option<usize>,
+    #[command(flatten)]
+    document_limit: DocumentLimit,
     /// Stop after this many steps (one chunk each for prism, incremental and detail; one model call each for hierarchical, gu/gm/cok); continue with --resume.
     #[arg(long, alias = "stop-after-steps")]
     stop_after_chunks: Option<usize>,
@@ -298,7 +300,17 @@ pub struct SummarizeArgs {
 pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
     let spec = args.method_args.spec(args.method)?;
     let sampling = args.sampling.config(SamplingConfig::for_summaries())?;
-    let text = prism::document::read_document(&args.document)?;
+    if args.resume {
+        let has_checkpoint = [RunDir::CHECKPOINT, RunDir::PREVIOUS_CHECKPOINT]
+            .iter()
+            .any(|name| args.out.join(name).is_file());
+        anyhow::ensure!(
+            has_checkpoint,
+            "{}: nothing to resume, there is no checkpoint; run without --resume to start",
+            args.out.display()
+        );
+    }
+    let text = args.document_limit.read(&args.document)?;
     let mut engine = args.engine.load()?;
     let tokens = Document::count(&engine, &args.document, &text)?;
     let read_tokens = args.first_tokens.map_or(tokens, |limit| limit.min(tokens));
@@ -325,7 +337,7 @@ pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
     progress.bar.finish_and_clear();
     match outcome {
         Outcome::Finished { summary, stats } => {
-            println!("{summary}");
+            outln!("{summary}")?;
             eprintln!(
                 "{}: {} calls, cache hit {:.1}%, net {} tokens, output {}, cost index {:.4}, summary {} tokens, {:.0}s",
                 args.out.display(),
@@ -410,7 +422,7 @@ impl Document {
 #[derive(serde::Serialize)]
 struct RunIdentity<'a> {
     document_sha256: &'a str,
-    model: &'a str,
+    engine: &'a EngineIdentity,
     chunk_tokens: usize,
     chunks: usize,
     spec: &'a MethodSpec,
@@ -428,11 +440,11 @@ pub struct Job<'a> {
 }
 
 impl Job<'_> {
-    /// The fingerprint of everything that decides the run's result on `model`.
-    pub fn fingerprint(&self, model: &str) -> String {
+    /// The fingerprint of everything that decides the run's result on `engine`.
+    pub fn fingerprint(&self, engine: &EngineIdentity) -> String {
         fingerprint(&RunIdentity {
             document_sha256: &self.document.sha256,
-            model,
+            engine,
             chunk_tokens: self.document.chunk_tokens,
             chunks: self.document.chunks.len(),
             spec: self.spec,
@@ -441,7 +453,7 @@ impl Job<'_> {
     }
 
     pub fn run(&self, engine: &mut Engine, progress: &mut dyn Progress) -> Result<Outcome> {
-        let fingerprint = self.fingerprint(engine.name());
+        let fingerprint = self.fingerprint(&engine.identity());
         let options = GenerateOptions {
             sampling: self.sampling.clone(),
             ..GenerateOptions::default()

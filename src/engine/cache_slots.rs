@@ -47,6 +47,11 @@ impl CacheSlots {
     }
 
     /// At most this many sequences are kept; extra ones are dropped.
+    /// The most sequences kept.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
     pub fn set_limit(&mut self, limit: usize) {
         self.limit = limit.max(1);
         if self.slots.len() > self.limit {

