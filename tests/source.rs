@@ -188,6 +188,7 @@ fn fixture() -> Fixture {
         format: "gguf".into(),
         file: "prism-test-model.gguf".into(),
         sha256: sha256_hex(&whole),
+        bytes: whole.len() as u64,
         context_tokens: 4096,
         aliases: vec![],
         parts,

