@@ -330,7 +330,7 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
             });
         }
     }
-    let context = SweepContext::new(&args, document_path, &engine);
+    let context = SweepContext::new(document_path, &engine);
     let job = |planned| Planned::job(planned, &documents, &sampling, args.resume);
     let mut pending = Vec::new();
     for planned in &plan {
@@ -550,7 +550,7 @@ struct SweepContext {
 }
 
 impl SweepContext {
-    fn new(args: &SweepArgs, document: &Path, engine: &prism::engine::Engine) -> Self {
+    fn new(document: &Path, engine: &prism::engine::Engine) -> Self {
         let (git_revision, git_dirty) = git_state();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         SweepContext {
@@ -559,7 +559,7 @@ impl SweepContext {
                 || document.display().to_string(),
                 |name| name.to_string_lossy().into_owned(),
             ),
-            device: serde_json::to_value(args.engine.device)
+            device: serde_json::to_value(engine.identity().device)
                 .ok()
                 .and_then(|value| value.as_str().map(str::to_string))
                 .unwrap_or_default(),

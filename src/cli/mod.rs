@@ -150,7 +150,9 @@ pub struct EngineArgs {
     /// CPU threads (default: physical cores; at most 1024).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
-    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    /// Where the model runs: `auto` (the GPU a `cuda` or `metal` build was made for, else the
+    /// CPU), `cpu`, `cuda` or `metal`.
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: DeviceChoice,
     /// Recompute every prompt from scratch instead of reusing the cached prefix.
     #[arg(long)]

@@ -8,7 +8,9 @@ use candle_core::{DType, Device};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceChoice {
+    /// The GPU this build was made for (`cuda` or `metal` feature), else the CPU.
     #[default]
+    Auto,
     Cpu,
     Cuda,
     Metal,
@@ -19,22 +21,34 @@ impl std::str::FromStr for DeviceChoice {
 
     fn from_str(s: &str) -> Result<Self> {
         match s {
+            "auto" => Ok(DeviceChoice::Auto),
             "cpu" => Ok(DeviceChoice::Cpu),
             "cuda" => Ok(DeviceChoice::Cuda),
             "metal" => Ok(DeviceChoice::Metal),
             other => Err(crate::Error::invalid(
                 "--device",
-                format!("`{other}` is not one of cpu, cuda, metal"),
+                format!("`{other}` is not one of auto, cpu, cuda, metal"),
             )),
         }
+    }
+}
+
+/// The device `choice` stands for in this build: `Auto` becomes the GPU of
+/// the build's feature, else the CPU; the others stay as they are.
+pub fn resolve(choice: DeviceChoice) -> DeviceChoice {
+    match choice {
+        DeviceChoice::Auto if cfg!(feature = "cuda") => DeviceChoice::Cuda,
+        DeviceChoice::Auto if cfg!(feature = "metal") => DeviceChoice::Metal,
+        DeviceChoice::Auto => DeviceChoice::Cpu,
+        chosen => chosen,
     }
 }
 
 /// Open the requested device. A GPU device in a build without its cargo feature
 /// is an error that names the feature, not a silent fall back to the CPU.
 pub fn open(choice: DeviceChoice) -> Result<Device> {
-    match choice {
-        DeviceChoice::Cpu => Ok(Device::Cpu),
+    match resolve(choice) {
+        DeviceChoice::Auto | DeviceChoice::Cpu => Ok(Device::Cpu),
         DeviceChoice::Cuda if cfg!(feature = "cuda") => {
             Device::new_cuda(0).context("opening CUDA device 0")
         }
@@ -74,4 +88,24 @@ pub fn set_threads(threads: usize) {
     // Called from `main` before any other thread exists.
     std::env::set_var("CANDLE_NUM_THREADS", &threads);
     std::env::set_var("RAYON_NUM_THREADS", &threads);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_is_the_builds_gpu_or_the_cpu() {
+        let expected = if cfg!(feature = "cuda") {
+            DeviceChoice::Cuda
+        } else if cfg!(feature = "metal") {
+            DeviceChoice::Metal
+        } else {
+            DeviceChoice::Cpu
+        };
+        assert_eq!(resolve(DeviceChoice::Auto), expected);
+        assert_eq!(resolve(DeviceChoice::Cpu), DeviceChoice::Cpu);
+        assert_eq!("auto".parse::<DeviceChoice>().unwrap(), DeviceChoice::Auto);
+        assert!("tpu".parse::<DeviceChoice>().is_err());
+    }
 }

@@ -139,16 +139,24 @@ pub struct EngineIdentity {
     /// Of the GGUF file; for a model directory, of its config and weight files.
     pub model_sha256: String,
     pub prefill_weights: PrefillWeights,
+    /// Where it runs, resolved (never `Auto`): GPUs compute in bf16.
+    pub device: DeviceChoice,
     pub prefix_cache: bool,
     pub cache_slots: usize,
 }
 
 impl EngineIdentity {
-    fn new(model: &str, model_sha256: String, prefill_weights: PrefillWeights) -> Self {
+    fn new(
+        model: &str,
+        model_sha256: String,
+        prefill_weights: PrefillWeights,
+        device: DeviceChoice,
+    ) -> Self {
         EngineIdentity {
             model: model.to_string(),
             model_sha256,
             prefill_weights,
+            device,
             prefix_cache: true,
             cache_slots: 1,
         }
@@ -173,7 +181,8 @@ pub struct Engine {
 impl Engine {
     /// Load the model `source` points at.
     pub fn load(source: &ModelSource, options: &LoadOptions) -> Result<Self> {
-        let device = device::open(options.device)?;
+        let chosen = device::resolve(options.device);
+        let device = device::open(chosen)?;
         match source {
             ModelSource::Gguf { path, name } => {
                 let (content, file) = read_gguf_header(path)?;
@@ -182,7 +191,8 @@ impl Engine {
                 let mut weights = WeightFile::gguf(path, content, file);
                 let prefill = choose_prefill_weights(&config, options);
                 let model = Transformer::new(config, &mut weights, prefill, &device)?;
-                let identity = EngineIdentity::new(name, source::sha256_file(path)?, prefill);
+                let identity =
+                    EngineIdentity::new(name, source::sha256_file(path)?, prefill, chosen);
                 Engine::new(identity, model, tokenizer)
             }
             ModelSource::HfDir { dir, name } => {
@@ -200,7 +210,7 @@ impl Engine {
                     digests.push(source::sha256_file(file)?);
                 }
                 let digest = format!("{:x}", Sha256::digest(digests.concat()));
-                let identity = EngineIdentity::new(name, digest, prefill);
+                let identity = EngineIdentity::new(name, digest, prefill, chosen);
                 Engine::new(identity, model, tokenizer)
             }
         }
