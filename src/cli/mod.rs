@@ -161,6 +161,11 @@ pub struct EngineArgs {
     /// prefix with. Each slot's KV cache grows with the tokens it holds, up to the model's context.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub cache_slots: u16,
+    /// Bound the KV storage of all cached sequences together, in bytes or with a binary
+    /// unit (`512M`, `4G`); past it the least recently used sequences are dropped, never
+    /// the one in use. Default: no bound beyond --cache-slots.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub cache_bytes: Option<usize>,
     /// Weights for multi-token prefill: `dense` (f32 copy, fastest, more memory) or `quantized`.
     /// Default: dense when the copy stays under 4 GiB.
     #[arg(long, value_parser = parse_prefill_weights)]
@@ -169,6 +174,26 @@ pub struct EngineArgs {
 
 fn parse_device(s: &str) -> Result<DeviceChoice, String> {
     s.parse().map_err(|e: prism::Error| e.to_string())
+}
+
+/// A size in bytes: digits, then optionally `K`, `M` or `G` (binary units,
+/// with or without a trailing `iB` or `B`).
+fn parse_size(s: &str) -> Result<usize, String> {
+    let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &s[digits.len()..];
+    let shift = match unit.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        _ => return Err(format!("`{s}`: the unit must be K, M or G")),
+    };
+    let number: usize = digits
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size such as 512M or 4G"))?;
+    number
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("`{s}` is too large"))
 }
 
 fn parse_prefill_weights(s: &str) -> Result<PrefillWeights, String> {
@@ -199,6 +224,7 @@ impl EngineArgs {
             Engine::load(&source, &options).with_context(|| format!("loading {}", self.model))?;
         engine.set_prefix_cache(!self.no_prefix_cache);
         engine.set_cache_slots(usize::from(self.cache_slots));
+        engine.set_cache_bytes(self.cache_bytes);
         eprintln!(
             "loaded {} ({:?}, {} layers, context {}) in {:.1}s on {} thread(s)",
             engine.name(),
@@ -289,5 +315,21 @@ impl SamplingArgs {
         };
         config.validate()?;
         Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_take_binary_units() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("4GiB"), Ok(4 << 30));
+        assert_eq!(parse_size("2kb"), Ok(2048));
+        assert!(parse_size("4T").is_err());
+        assert!(parse_size("G").is_err());
+        assert!(parse_size("-1M").is_err());
     }
 }

@@ -28,6 +28,9 @@ pub struct CacheSlots {
     slots: Vec<Slot>,
     active: usize,
     limit: usize,
+    /// The most bytes of KV storage the slots other than the active one may
+    /// hold together with it; `None` is no bound beyond `limit`.
+    byte_budget: Option<usize>,
     clock: u64,
 }
 
@@ -42,16 +45,17 @@ impl CacheSlots {
             }],
             active: 0,
             limit: limit.max(1),
+            byte_budget: None,
             clock: 0,
         }
     }
 
-    /// At most this many sequences are kept; extra ones are dropped.
     /// The most sequences kept.
     pub fn limit(&self) -> usize {
         self.limit
     }
 
+    /// At most this many sequences are kept; extra ones are dropped.
     pub fn set_limit(&mut self, limit: usize) {
         self.limit = limit.max(1);
         if self.slots.len() > self.limit {
@@ -59,6 +63,44 @@ impl CacheSlots {
             self.slots.truncate(self.limit - 1);
             self.slots.push(active);
             self.active = self.slots.len() - 1;
+        }
+    }
+
+    /// Bound the KV storage of all slots together: past `bytes`, the least
+    /// recently used slots are dropped (and their memory freed) until the
+    /// rest fit. The slot in use is never dropped, so it alone may exceed
+    /// the budget. `None` lifts the bound.
+    pub fn set_byte_budget(&mut self, bytes: Option<usize>) {
+        self.byte_budget = bytes;
+        self.evict_over_budget();
+    }
+
+    /// The byte budget, if any.
+    pub fn byte_budget(&self) -> Option<usize> {
+        self.byte_budget
+    }
+
+    /// Bytes of KV storage the slots hold, allocated or not yet written.
+    pub fn allocated_bytes(&self) -> usize {
+        self.slots
+            .iter()
+            .map(|slot| slot.cache.allocated_bytes())
+            .sum()
+    }
+
+    fn evict_over_budget(&mut self) {
+        let Some(budget) = self.byte_budget else {
+            return;
+        };
+        while self.allocated_bytes() > budget && self.slots.len() > 1 {
+            let oldest = (0..self.slots.len())
+                .filter(|&index| index != self.active)
+                .min_by_key(|&index| self.slots[index].last_used)
+                .expect("more than one slot");
+            self.slots.remove(oldest);
+            if oldest < self.active {
+                self.active -= 1;
+            }
         }
     }
 
@@ -117,6 +159,7 @@ impl CacheSlots {
         };
         self.active = chosen;
         self.slots[chosen].last_used = self.clock;
+        self.evict_over_budget();
         Ok(shared)
     }
 }
@@ -271,5 +314,22 @@ mod tests {
         fill(&mut slots, &[10, 11, 12]);
         assert_eq!(fill(&mut slots, &[1, 2, 3, 4, 9, 1]), 5);
         assert_eq!(fill(&mut slots, &[5, 6]), 0);
+    }
+
+    #[test]
+    fn over_the_byte_budget_the_least_recently_used_slots_go() {
+        let mut slots = CacheSlots::new(empty(), 3);
+        fill(&mut slots, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        fill(&mut slots, &[1, 20, 21]);
+        fill(&mut slots, &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        let three_slots = slots.allocated_bytes();
+        assert_eq!(slots.slots.len(), 2);
+        // Room for one slot only: the other goes, the one in use stays.
+        slots.set_byte_budget(Some(three_slots / 2));
+        assert_eq!(slots.slots.len(), 1);
+        assert_eq!(slots.active().cache.tokens(), &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        // A budget below the slot in use keeps it all the same.
+        slots.set_byte_budget(Some(0));
+        assert_eq!(fill(&mut slots, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]), 9);
     }
 }

@@ -143,6 +143,8 @@ pub struct EngineIdentity {
     pub device: DeviceChoice,
     pub prefix_cache: bool,
     pub cache_slots: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_bytes: Option<usize>,
 }
 
 impl EngineIdentity {
@@ -159,6 +161,7 @@ impl EngineIdentity {
             device,
             prefix_cache: true,
             cache_slots: 1,
+            cache_bytes: None,
         }
     }
 }
@@ -247,6 +250,7 @@ impl Engine {
         EngineIdentity {
             prefix_cache: self.prefix_cache,
             cache_slots: self.slots.limit(),
+            cache_bytes: self.slots.byte_budget(),
             ..self.identity.clone()
         }
     }
@@ -273,6 +277,12 @@ impl Engine {
     /// continues the one it shares the longest prefix with. See [`cache_slots`].
     pub fn set_cache_slots(&mut self, slots: usize) {
         self.slots.set_limit(slots);
+    }
+
+    /// Bound the KV storage of all cached sequences together; the least
+    /// recently used go first, the one in use never. `None` is no bound.
+    pub fn set_cache_bytes(&mut self, bytes: Option<usize>) {
+        self.slots.set_byte_budget(bytes);
     }
 
     /// Forget every cached sequence, so the next call starts cold, as on a
