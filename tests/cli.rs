@@ -323,3 +323,15 @@ fn qa_generate_writes_a_pairs_file_even_when_the_model_writes_none() {
     // Random weights write no parsable pair; the file is there, empty.
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "");
 }
+
+#[test]
+fn completions_cover_every_subcommand() {
+    for shell in ["bash", "zsh", "fish"] {
+        let (success, stdout, stderr) = run_prism(&["completions", shell]);
+        assert!(success, "{stderr}");
+        for subcommand in ["summarize", "bench", "generate", "models"] {
+            assert!(stdout.contains(subcommand), "{shell}: no {subcommand}");
+        }
+    }
+    assert_one_error_line(&run_prism(&["completions", "tcsh"]), "tcsh");
+}

@@ -65,6 +65,11 @@ enum Command {
     Score(score::ScoreArgs),
     /// Write memory schemas for new domains.
     Schema(schema::SchemaArgs),
+    /// Print a completion script for a shell, e.g. `prism completions bash > ~/.local/share/bash-completion/completions/prism`.
+    Completions {
+        /// bash, elvish, fish, powershell or zsh.
+        shell: clap_complete::Shell,
+    },
 }
 
 pub fn run() -> Result<()> {
@@ -92,6 +97,12 @@ pub fn run() -> Result<()> {
         Command::Qa(args) => qa::run(args),
         Command::Score(args) => score::run(args),
         Command::Schema(args) => schema::run(args),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "prism", &mut script);
+            out!("{}", String::from_utf8_lossy(&script))?;
+            Ok(())
+        }
     }
 }
 
