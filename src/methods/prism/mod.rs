@@ -373,8 +373,7 @@ impl<'a> Prism<'a> {
             let text = if completion.usage.output_tokens < part_tokens {
                 text
             } else {
-                text.rfind(['.', '!', '?'])
-                    .map_or(text, |end| &text[..=end])
+                &text[..last_sentence_end(text).unwrap_or(text.len())]
             };
             if !text.is_empty() {
                 answer.push(text.to_string());
@@ -382,6 +381,32 @@ impl<'a> Prism<'a> {
         }
         Ok(answer.join("\n\n"))
     }
+}
+
+/// Where the last whole sentence of `text` ends: after a `.`, `!` or `?`
+/// that closes the text or comes before whitespace, and is not the dot of a
+/// list number ("3."), which a part cut at its token budget often ends on.
+fn last_sentence_end(text: &str) -> Option<usize> {
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    chars
+        .iter()
+        .enumerate()
+        .rev()
+        .find_map(|(at, &(offset, c))| {
+            let closes = matches!(c, '.' | '!' | '?')
+                && chars
+                    .get(at + 1)
+                    .is_none_or(|(_, next)| next.is_whitespace());
+            let list_number = c == '.'
+                && at > 0
+                && chars[at - 1].1.is_ascii_digit()
+                && chars[..at]
+                    .iter()
+                    .rev()
+                    .find(|(_, earlier)| !earlier.is_ascii_digit())
+                    .is_none_or(|(_, earlier)| earlier.is_whitespace());
+            (closes && !list_number).then_some(offset + c.len_utf8())
+        })
 }
 
 /// The notes of a memory, in memory order: every string, led by the key it
@@ -659,5 +684,20 @@ mod tests {
         assert_eq!(sizes(answer_parts(&notes, 160)), [10, 4]);
         assert_eq!(sizes(answer_parts(&notes, 10)), [14]);
         assert_eq!(sizes(answer_parts(&[], 900)), [0]);
+    }
+
+    #[test]
+    fn a_cut_answer_ends_at_a_sentence_not_a_list_number() {
+        let text = "1. Keep tools dull. It slows work.\n2. Jam the locks.\n3.";
+        assert_eq!(
+            last_sentence_end(text).map(|end| &text[..end]),
+            Some("1. Keep tools dull. It slows work.\n2. Jam the locks.")
+        );
+        let prices = "It cost 3.50 in all. Then it";
+        assert_eq!(
+            last_sentence_end(prices).map(|end| &prices[..end]),
+            Some("It cost 3.50 in all.")
+        );
+        assert_eq!(last_sentence_end("no end here"), None);
     }
 }
