@@ -615,7 +615,11 @@ fn first_stop(text: &str, stops: &[String]) -> Option<usize> {
 /// Check each whole line of `text` from `*line_start` on: the byte offset
 /// where the first refused line starts, or `None` with `*line_start` moved
 /// past every line that passed.
-fn first_refused_line(text: &str, line_start: &mut usize, refuse: &LineCheck) -> Option<usize> {
+pub(crate) fn first_refused_line(
+    text: &str,
+    line_start: &mut usize,
+    refuse: &LineCheck,
+) -> Option<usize> {
     while let Some(length) = text.get(*line_start..).and_then(|rest| rest.find('\n')) {
         let line = &text[*line_start..*line_start + length];
         if refuse(&text[..*line_start], line) {

@@ -2,7 +2,7 @@
 //! usage out. Methods never touch tensors or token ids.
 
 use crate::engine::constraint::Grammar;
-use crate::engine::{Engine, GenerateOptions, LineCheck, Usage};
+use crate::engine::{first_refused_line, Engine, GenerateOptions, LineCheck, Usage};
 use crate::error::Result;
 
 /// A chat prompt: an optional system turn and a user turn given as segments.
@@ -44,16 +44,8 @@ pub trait Llm {
         refuse_line: &LineCheck,
     ) -> Result<Completion> {
         let mut completion = self.complete(prompt, max_tokens, grammar)?;
-        let mut kept = 0;
-        for line in completion.text.split_inclusive('\n') {
-            let Some(whole) = line.strip_suffix('\n') else {
-                break;
-            };
-            if refuse_line(&completion.text[..kept], whole) {
-                completion.text.truncate(kept);
-                break;
-            }
-            kept += line.len();
+        if let Some(cut) = first_refused_line(&completion.text, &mut 0, refuse_line) {
+            completion.text.truncate(cut);
         }
         Ok(completion)
     }
