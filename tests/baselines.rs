@@ -7,14 +7,14 @@
 use crate::common::{assert_one_error_line, run_prism, scripted_files, ScriptedLlm};
 use prism::chunk::{split, Chunk};
 use prism::engine::constraint::Grammar;
+use prism::llm::{Completion, Llm, Prompt};
 use prism::methods::detail::{self, Detail, DetailConfig};
 use prism::methods::hierarchical::{self, Hierarchical, HierarchicalConfig};
 use prism::methods::incremental::{self, Incremental, IncrementalConfig, Kept};
-use prism::methods::llm::{Completion, Llm, Prompt};
-use prism::methods::run::{drive, Method, NoProgress, Outcome, Stats};
 use prism::methods::whole::{Whole, WholeConfig};
 use prism::methods::MethodSpec;
-use prism::rundir::RunDir;
+use prism::run::dir::RunDir;
+use prism::run::{drive, Method, NoProgress, Outcome, Stats};
 
 const QUERY: &str = "Summarize the story.";
 

@@ -8,12 +8,12 @@ use prism::chunk::{split, Chunk};
 use prism::engine::constraint::Grammar;
 use prism::engine::source::ModelSource;
 use prism::engine::{Engine, GenerateOptions, LoadOptions};
+use prism::memory::grammar::memory_json_schema;
 use prism::memory::Schema;
 use prism::methods::cok::chain::{chain_grammar, memory_keys, parse_chain};
 use prism::methods::cok::{Call, Cok, CokConfig, Step, Variant};
-use prism::methods::revision_grammar::memory_json_schema;
-use prism::methods::run::{drive, NoProgress, Outcome, Stats};
-use prism::rundir::RunDir;
+use prism::run::dir::RunDir;
+use prism::run::{drive, NoProgress, Outcome, Stats};
 use serde_json::{json, Value};
 use std::path::Path;
 

@@ -2,9 +2,9 @@
 
 use prism::engine::cache_slots::{place, Placement, SlotView};
 use prism::engine::Usage;
-use prism::methods::llm::{Completion, Llm, Prompt};
-use prism::methods::run::RunFiles;
-use prism::rundir::RunDir;
+use prism::llm::{Completion, Llm, Prompt};
+use prism::run::dir::RunDir;
+use prism::run::RunFiles;
 use std::path::{Path, PathBuf};
 
 /// Path of a model file that `scripts/setup` fetched into the models directory.

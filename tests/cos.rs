@@ -5,8 +5,8 @@
 use crate::common::{scripted_files, ScriptedLlm};
 use prism::chunk::{split, Chunk};
 use prism::methods::cos::{split_pairs, Cos, CosConfig, Step};
-use prism::methods::run::{drive, NoProgress, Outcome, Stats};
-use prism::rundir::RunDir;
+use prism::run::dir::RunDir;
+use prism::run::{drive, NoProgress, Outcome, Stats};
 use serde_json::json;
 
 const PAIRS: [(&str, &str); 4] = [

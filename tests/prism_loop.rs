@@ -6,11 +6,12 @@ use crate::common::{fetched_model, scripted_files, ScriptedLlm};
 use prism::chunk::{split, Chunk};
 use prism::engine::source::ModelSource;
 use prism::engine::{Engine, LoadOptions};
+use prism::llm::Llm;
+use prism::memory::revise::RefusalKind;
 use prism::memory::{render_revision, Schema};
-use prism::methods::llm::Llm;
-use prism::methods::prism::{MemoryMode, Prism, PrismConfig, PrismState, RefusalKind, Step};
-use prism::methods::run::{drive, NoProgress, Outcome};
-use prism::rundir::RunDir;
+use prism::methods::prism::{MemoryMode, Prism, PrismConfig, PrismState, Step};
+use prism::run::dir::RunDir;
+use prism::run::{drive, NoProgress, Outcome};
 
 fn book_schema() -> Schema {
     Schema::from_file(concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/book.json")).unwrap()

@@ -7,7 +7,7 @@ use crate::common::{assert_one_error_line, run_prism, ScriptedLlm};
 use crate::constrained::char_model;
 use prism::engine::GenerateOptions;
 use prism::memory::Schema;
-use prism::methods::schema_gen::{generate_schema, schema_grammar, SchemaGenConfig, SchemaRequest};
+use prism::schema_gen::{generate_schema, schema_grammar, SchemaGenConfig, SchemaRequest};
 
 fn council() -> SchemaRequest {
     SchemaRequest {

@@ -2,7 +2,7 @@
 //! method, drawn with plotters' SVG backend (text stays `<text>` elements, so
 //! no font files are needed to draw or to view them).
 
-use super::sweep::{Metric, Series};
+use super::results::{Metric, Series};
 use crate::error::{Error, Result};
 use plotters::coord::ranged1d::{KeyPointHint, NoDefaultFormatting, Ranged, ValueFormatter};
 use plotters::prelude::*;

@@ -1,8 +1,9 @@
-//! Benchmarks that run through the CLI: engine speed (`prism bench-engine`)
-//! and the method × chunk-size sweep (`prism bench`): its rows, report and
-//! charts.
+//! Benchmarks: engine speed (`prism bench-engine`, [`engine`]) and the
+//! method × chunk-size sweep (`prism bench`, [`sweep`]) with its rows
+//! ([`results`]), report and charts.
 
 pub mod charts;
 pub mod engine;
 pub mod report;
+pub mod results;
 pub mod sweep;

@@ -3,7 +3,7 @@
 //! index), and, when the sweep has several chunk sizes, one table per metric
 //! across them like its Figure 5.
 
-use super::sweep::{chunk_sizes, find, methods, Metric, Row};
+use super::results::{chunk_sizes, find, methods, Metric, Row};
 use serde_json::{Map, Value};
 use std::fmt::Write;
 
@@ -347,7 +347,7 @@ fn or_none(values: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::sweep::tests::row;
+    use crate::bench::results::tests::row;
     use serde_json::json;
 
     fn rows() -> Vec<Row> {

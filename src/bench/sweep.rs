@@ -1,702 +1,586 @@
-//! The rows of a method × chunk-size sweep (`prism bench`): one per finished
-//! run, as `results.jsonl` holds them, and what is derived from them without
-//! running anything: the CSV, the figures charts and tables plot, and a rough
-//! estimate of the time the remaining runs will take.
+//! A sweep: methods × chunk sizes over one document on one loaded engine, one
+//! run directory each. The bench directory's results.jsonl, results.csv,
+//! report.md and charts are rewritten after every run, so a paused or
+//! interrupted sweep still has a report and resumes where it stopped.
 
-use serde::{Deserialize, Serialize};
+use super::results::{self, Machine, Metric, Pending, Row};
+use super::{charts, report};
+use crate::engine::device::DeviceChoice;
+use crate::engine::sampling::SamplingConfig;
+use crate::engine::{source, Engine, GenerateOptions, LoadOptions};
+use crate::error::{Error, Result};
+use crate::job::{Document, Job};
+use crate::llm::EngineLlm;
+use crate::methods::MethodSpec;
+use crate::qa::{score_summary, QaPair};
+use crate::quality::coherence::{score_coherence, CoherenceConfig};
+use crate::run::dir::{Checkpoint, RunDir};
+use crate::run::{Outcome, Progress};
+use serde::de::IgnoredAny;
 use serde_json::{Map, Value};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-/// One finished run of a sweep: where and how it ran, and its `stats.json`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Row {
-    /// The method as `--methods` named it, e.g. `prism-amendments-no-updates`.
-    pub method: String,
-    /// The sweep's `--chunk-tokens` for this run; `detail` splits finer from
-    /// it, which its `chunks` shows.
-    pub chunk_tokens: usize,
-    pub model: String,
-    /// The document's file name.
-    pub document: String,
-    pub document_sha256: String,
-    /// Tokens of the whole document.
-    pub document_tokens: usize,
-    /// Tokens of the chunks the run read (fewer with `--first-tokens`).
-    pub read_tokens: usize,
-    pub device: String,
-    pub machine: Machine,
-    /// `git rev-parse --short HEAD` of prism's source tree, or `unknown`.
-    pub git_revision: String,
-    /// Whether that tree had uncommitted changes outside `results/`; `None` when
-    /// git could not tell.
-    pub git_dirty: Option<bool>,
-    /// When the run finished, UTC, as `2025-01-31T12:00:00Z`.
-    pub date: String,
-    /// The command line of the sweep session that finished the run.
+/// One line per finished run.
+pub const RESULTS: &str = "results.jsonl";
+pub const RESULTS_CSV: &str = "results.csv";
+pub const REPORT: &str = "report.md";
+/// The folder of the run directories, `runs/<method>-<chunk tokens>`.
+pub const RUNS: &str = "runs";
+
+/// A method of the sweep, under the name its runs and rows carry.
+#[derive(Debug, Clone)]
+pub struct SweepMethod {
+    /// As `--methods` named it, e.g. `prism-in-place-no-updates`.
+    pub name: String,
+    pub spec: MethodSpec,
+}
+
+/// How `--quality` judges each finished summary.
+#[derive(Debug, Clone)]
+pub struct Judging {
+    /// The judge model, as `--model` would name it; loaded when first needed.
+    pub judge_model: String,
+    pub device: DeviceChoice,
+    /// Question–answer pairs for QA-F1; without them only coherence is scored.
+    pub questions: Option<Vec<QaPair>>,
+}
+
+/// Everything a sweep needs besides the loaded engine.
+#[derive(Debug, Clone)]
+pub struct Sweep {
+    /// The document's path, for the rows and messages.
+    pub document: PathBuf,
+    pub text: String,
+    pub methods: Vec<SweepMethod>,
+    pub chunk_sizes: Vec<usize>,
+    /// Read only the first chunks, up to this many tokens in all.
+    pub first_tokens: Option<usize>,
+    pub sampling: SamplingConfig,
+    /// The bench directory.
+    pub out: PathBuf,
+    /// Continue the sweep in `out`; without it `out` must be empty.
+    pub resume: bool,
+    /// Pause after this many runs of this session.
+    pub stop_after_runs: Option<usize>,
+    pub judging: Option<Judging>,
+    /// The command line that started this session, recorded in every row.
     pub command: String,
-    /// The run's directory, relative to the bench directory.
-    pub run_dir: String,
-    /// Fingerprint of the run's settings; a resumed sweep checks it.
-    pub fingerprint: String,
-    /// Every field of the run's `stats.json`, whose `method` (the method's own
-    /// label) is renamed `label` here, and any other field named like one of
-    /// the row's own gets a `stats_` prefix.
-    #[serde(flatten)]
-    pub stats: Map<String, Value>,
 }
 
-impl Row {
-    /// The row's own fields, which flattened stats must not repeat: a JSON
-    /// line with a key twice would not read back.
-    const FIELDS: [&'static str; 18] = [
-        "method",
-        "chunk_tokens",
-        "model",
-        "document",
-        "document_sha256",
-        "document_tokens",
-        "read_tokens",
-        "device",
-        "machine",
-        "git_revision",
-        "git_dirty",
-        "date",
-        "command",
-        "run_dir",
-        "fingerprint",
-        "label",
-        "coherence",
-        "qa_f1",
-    ];
-
-    /// `stats` as `stats.json` holds them, with its `method` moved to `label`
-    /// and any other key the row has itself (or `--quality` adds) prefixed
-    /// `stats_`.
-    pub fn stats_from_json(stats: Map<String, Value>) -> Map<String, Value> {
-        stats
-            .into_iter()
-            .map(|(key, value)| match key.as_str() {
-                "method" => ("label".to_string(), value),
-                _ if Self::FIELDS.contains(&key.as_str()) => (format!("stats_{key}"), value),
-                _ => (key, value),
-            })
-            .collect()
-    }
-
-    /// A numeric field of the run's stats, if present.
-    pub fn number(&self, key: &str) -> Option<f64> {
-        self.stats.get(key).and_then(Value::as_f64)
-    }
-
-    /// What `metric` measured in this run, if the stats hold it.
-    pub fn metric(&self, metric: Metric) -> Option<f64> {
-        let value = self.number(metric.key())?;
-        Some(match metric {
-            Metric::CacheHit => 100.0 * value,
-            Metric::NetTokens | Metric::OutputTokens | Metric::CostIndex => value,
-        })
-    }
-}
-
-/// The figures the sweep's charts and cross-chunk-size tables show, as the
-/// PRISM paper's Figure 5 does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Metric {
-    CacheHit,
-    NetTokens,
-    OutputTokens,
-    CostIndex,
-}
-
-impl Metric {
-    pub const ALL: [Metric; 4] = [
-        Metric::CacheHit,
-        Metric::NetTokens,
-        Metric::OutputTokens,
-        Metric::CostIndex,
-    ];
-
-    /// The `stats.json` field it is read from.
-    fn key(self) -> &'static str {
-        match self {
-            Metric::CacheHit => "cache_hit_rate",
-            Metric::NetTokens => "net_tokens",
-            Metric::OutputTokens => "output_tokens",
-            Metric::CostIndex => "cost_index",
+impl Sweep {
+    /// Refuse repeated methods or chunk sizes, and a bench directory that
+    /// holds something when not resuming; cheap, so a caller can check before
+    /// it loads a model.
+    pub fn validate(&self) -> Result<()> {
+        let names: Vec<&str> = self.methods.iter().map(|m| m.name.as_str()).collect();
+        distinct(&names, "--methods")?;
+        distinct(&self.chunk_sizes, "--chunk-tokens")?;
+        let is_nonempty_dir =
+            std::fs::read_dir(&self.out).is_ok_and(|mut entries| entries.next().is_some());
+        if !self.resume && is_nonempty_dir {
+            return Err(Error::invalid(
+                self.out.display().to_string(),
+                "not empty; pass --resume to continue the sweep in it, or choose another --out",
+            ));
         }
+        Ok(())
     }
+}
 
-    /// A title with the unit.
-    pub fn title(self) -> &'static str {
-        match self {
-            Metric::CacheHit => "Cache hit (%)",
-            Metric::NetTokens => "Net prompt tokens encoded",
-            Metric::OutputTokens => "Output tokens decoded",
-            Metric::CostIndex => "Cost index",
-        }
-    }
+/// What a caller shows while a sweep runs.
+pub trait SweepProgress: Progress {
+    /// A run, or the judging of one, begins; `label` names it.
+    fn run_begins(&mut self, label: &str);
+    /// A line for the user: the plan, a finished run, a pause.
+    fn note(&mut self, line: &str);
+}
 
-    /// The chart's file name in the bench directory.
-    pub fn chart_file(self) -> &'static str {
-        match self {
-            Metric::CacheHit => "cache_hit.svg",
-            Metric::NetTokens => "net_tokens.svg",
-            Metric::OutputTokens => "output_tokens.svg",
-            Metric::CostIndex => "cost_index.svg",
+/// How a sweep session ended, with every row of the bench directory.
+#[derive(Debug)]
+pub struct SweepOutcome {
+    pub rows: Vec<Row>,
+    /// Set when `stop_after_runs` paused the sweep: the runs done this session.
+    pub paused_after: Option<usize>,
+}
+
+/// One run of the sweep.
+struct Planned<'a> {
+    method: &'a SweepMethod,
+    /// The sweep's chunk size for this run (`detail` splits finer from it).
+    chunk_tokens: usize,
+    /// Index into the split documents (one per chunk size in use).
+    document: usize,
+    /// `runs/<method>-<chunk tokens>`, relative to the bench directory.
+    run_dir: String,
+    /// The same under the bench directory.
+    path: PathBuf,
+}
+
+impl Planned<'_> {
+    fn job<'a>(
+        &'a self,
+        documents: &'a [Document],
+        sampling: &'a SamplingConfig,
+        resume: bool,
+    ) -> Job<'a> {
+        Job {
+            spec: &self.method.spec,
+            document: &documents[self.document],
+            sampling,
+            out: &self.path,
+            resume,
+            stop_after: None,
         }
     }
 }
 
-/// One method's values of a metric, by chunk size (ascending).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Series {
-    pub method: String,
-    pub points: Vec<(usize, f64)>,
-}
+/// Run the sweep's unfinished runs on `engine`, each from a cold cache, and
+/// judge them when asked; runs an earlier session finished are kept (and
+/// judged now if they were not).
+pub fn run(
+    sweep: &Sweep,
+    engine: &mut Engine,
+    progress: &mut dyn SweepProgress,
+) -> Result<SweepOutcome> {
+    sweep.validate()?;
+    let out = sweep.out.as_path();
+    let document_tokens = Document::count(engine, &sweep.text)?;
+    let bench = RunDir::create(out)?;
+    let mut rows: Vec<Row> = bench.read_jsonl(RESULTS)?;
+    write_reports(&bench, &rows)?;
 
-/// The methods in the order they first appear in `rows`.
-pub fn methods(rows: &[Row]) -> Vec<&str> {
-    let mut methods: Vec<&str> = Vec::new();
-    for row in rows {
-        if !methods.contains(&row.method.as_str()) {
-            methods.push(&row.method);
-        }
-    }
-    methods
-}
-
-/// The chunk sizes in `rows`, ascending.
-pub fn chunk_sizes(rows: &[Row]) -> Vec<usize> {
-    let mut sizes: Vec<usize> = rows.iter().map(|row| row.chunk_tokens).collect();
-    sizes.sort_unstable();
-    sizes.dedup();
-    sizes
-}
-
-/// The row of `method` at `chunk_tokens`; the last one when a run was
-/// recorded twice.
-pub fn find<'a>(rows: &'a [Row], method: &str, chunk_tokens: usize) -> Option<&'a Row> {
-    rows.iter()
-        .rev()
-        .find(|row| row.method == method && row.chunk_tokens == chunk_tokens)
-}
-
-/// One series per method of `metric` against chunk size; chunk sizes where a
-/// method has no value are left out of its series.
-pub fn series(rows: &[Row], metric: Metric) -> Vec<Series> {
-    let sizes = chunk_sizes(rows);
-    methods(rows)
-        .into_iter()
-        .map(|method| Series {
-            method: method.to_string(),
-            points: sizes
-                .iter()
-                .filter_map(|&size| Some((size, find(rows, method, size)?.metric(metric)?)))
-                .collect(),
-        })
-        .collect()
-}
-
-/// `rows` as CSV: every field a column, nested objects flattened to
-/// `parent.child` names, columns in the order they first appear.
-pub fn csv(rows: &[Row]) -> String {
-    let flat: Vec<Vec<(String, Value)>> = rows
-        .iter()
-        .map(|row| {
-            let mut fields = Vec::new();
-            let value = serde_json::to_value(row).expect("a row serializes to JSON");
-            flatten("", value, &mut fields);
-            fields
-        })
-        .collect();
-    let mut columns: Vec<&str> = Vec::new();
-    for fields in &flat {
-        for (name, _) in fields {
-            if !columns.contains(&name.as_str()) {
-                columns.push(name);
-            }
-        }
-    }
-    let mut out = String::new();
-    let header: Vec<String> = columns.iter().map(|name| csv_field(name)).collect();
-    out.push_str(&header.join(","));
-    out.push('\n');
-    for fields in &flat {
-        let cells: Vec<String> = columns
-            .iter()
-            .map(|column| {
-                fields
-                    .iter()
-                    .find(|(name, _)| name == column)
-                    .map_or(String::new(), |(_, value)| csv_field(&plain_text(value)))
-            })
-            .collect();
-        out.push_str(&cells.join(","));
-        out.push('\n');
-    }
-    out
-}
-
-fn flatten(prefix: &str, value: Value, out: &mut Vec<(String, Value)>) {
-    match value {
-        Value::Object(map) => {
-            for (key, value) in map {
-                let name = if prefix.is_empty() {
-                    key
-                } else {
-                    format!("{prefix}.{key}")
-                };
-                flatten(&name, value, out);
-            }
-        }
-        other => out.push((prefix.to_string(), other)),
-    }
-}
-
-/// A JSON value as a cell: strings bare, null empty, the rest as JSON.
-fn plain_text(value: &Value) -> String {
-    match value {
-        Value::String(text) => text.clone(),
-        Value::Null => String::new(),
-        other => other.to_string(),
-    }
-}
-
-/// Quote a CSV cell when it holds a separator, quote or line break (RFC 4180).
-fn csv_field(text: &str) -> String {
-    if text.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", text.replace('"', "\"\""))
-    } else {
-        text.to_string()
-    }
-}
-
-/// A run the sweep has yet to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pending {
-    pub method: String,
-    pub chunk_tokens: usize,
-    /// Tokens of the chunks it will read.
-    pub read_tokens: usize,
-    pub chunks: usize,
-    /// Steps an earlier session of the run already took (0 for a new run).
-    pub steps_done: usize,
-}
-
-/// A finished run's wall time split by what it grows with: seconds per token
-/// read (prefill, at the run's measured prefill rate) and seconds per chunk
-/// (decoding and the rest: each chunk's step writes about as much whatever
-/// the chunk's size, so small chunks cost more per token).
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Pace {
-    per_token: f64,
-    per_chunk: f64,
-}
-
-impl Pace {
-    fn of(row: &Row) -> Option<Pace> {
-        let wall = row.number("wall_seconds")?;
-        let chunks = row.number("chunks").filter(|&chunks| chunks > 0.0)?;
-        if row.read_tokens == 0 {
-            return None;
-        }
-        let prefill = match (
-            row.number("net_tokens"),
-            row.number("prefill_tokens_per_second"),
-        ) {
-            (Some(net), Some(rate)) if rate > 0.0 => (net / rate).min(wall),
-            _ => 0.0,
-        };
-        Some(Pace {
-            per_token: prefill / row.read_tokens as f64,
-            per_chunk: (wall - prefill) / chunks,
-        })
-    }
-
-    /// Seconds `run` has left at this pace; a step counts as a chunk read.
-    fn seconds(self, run: &Pending) -> f64 {
-        let chunks = run.chunks.max(1) as f64;
-        let left = 1.0 - (run.steps_done as f64 / chunks).min(1.0);
-        left * (self.per_token * run.read_tokens as f64 + self.per_chunk * chunks)
-    }
-}
-
-/// A rough forecast of the time a sweep's pending runs will take.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Estimate {
-    /// Seconds for the pending runs of methods with a finished run.
-    pub seconds: f64,
-    /// Methods with pending runs but no finished run to pace them by, in
-    /// pending order. Methods differ too much in how much they decode (an
-    /// incremental step can write thirty times what a PRISM step does) for
-    /// one method's pace to stand for another's.
-    pub unpaced_methods: Vec<String>,
-}
-
-/// Forecasts the `pending` runs: each is paced like the finished run of its
-/// method nearest its chunk size.
-pub fn estimate(rows: &[Row], pending: &[Pending]) -> Estimate {
-    let paced: Vec<(&Row, Pace)> = rows
-        .iter()
-        .filter_map(|row| Some((row, Pace::of(row)?)))
-        .collect();
-    let size_gap = |a: usize, b: usize| (a.max(1) as f64 / b.max(1) as f64).ln().abs();
-    let mut estimate = Estimate {
-        seconds: 0.0,
-        unpaced_methods: Vec::new(),
-    };
-    for run in pending {
-        let nearest = paced
-            .iter()
-            .filter(|(row, _)| row.method == run.method)
-            .min_by(|(a, _), (b, _)| {
-                size_gap(a.chunk_tokens, run.chunk_tokens)
-                    .total_cmp(&size_gap(b.chunk_tokens, run.chunk_tokens))
-            });
-        match nearest {
-            Some((_, pace)) => estimate.seconds += pace.seconds(run),
-            None if !estimate.unpaced_methods.contains(&run.method) => {
-                estimate.unpaced_methods.push(run.method.clone())
-            }
-            None => {}
-        }
-    }
-    estimate
-}
-
-/// `seconds` since the Unix epoch as a UTC timestamp, `2025-01-31T12:00:00Z`.
-pub fn utc_timestamp(seconds: u64) -> String {
-    let days = (seconds / 86_400) as i64;
-    let of_day = seconds % 86_400;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z - era * 146_097;
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_index = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 {
-        month_index + 3
-    } else {
-        month_index - 9
-    };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        of_day / 3600,
-        of_day / 60 % 60,
-        of_day % 60
-    )
-}
-
-/// The machine a run ran on, as far as `/proc` tells.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Machine {
-    /// The CPU model name, or `unknown CPU`.
-    pub cpu: String,
-    /// Physical cores, when `/proc/cpuinfo` says.
-    pub cores: Option<usize>,
-    /// Hardware threads.
-    pub threads: usize,
-    /// Total memory in GiB, when `/proc/meminfo` says.
-    pub memory_gib: Option<f64>,
-    /// Threads prism computed with.
-    pub engine_threads: usize,
-}
-
-impl Machine {
-    /// Read the contents of `/proc/cpuinfo` and `/proc/meminfo` (either may be
-    /// missing); `fallback_threads` counts threads when cpuinfo lists none.
-    pub fn from_proc(
-        cpuinfo: Option<&str>,
-        meminfo: Option<&str>,
-        fallback_threads: usize,
-        engine_threads: usize,
-    ) -> Self {
-        let cpuinfo = cpuinfo.unwrap_or("");
-        let mut cpu = None;
-        let mut threads = 0;
-        // A core is a (physical id, core id) pair; a line-oriented record per thread.
-        let mut cores: Vec<(String, String)> = Vec::new();
-        let mut physical = String::new();
-        for line in cpuinfo.lines() {
-            let Some((key, value)) = line.split_once(':') else {
-                continue;
+    // One split per chunk size actually used: `detail` picks its own from --detail.
+    let mut documents: Vec<Document> = Vec::new();
+    // Chunk size by chunk size, so a paused sweep has whole tables.
+    let mut plan = Vec::new();
+    for &chunk_tokens in &sweep.chunk_sizes {
+        for method in &sweep.methods {
+            let size = method.spec.chunk_tokens(chunk_tokens, document_tokens)?;
+            let document = match documents.iter().position(|d| d.chunk_tokens == size) {
+                Some(index) => index,
+                None => {
+                    documents.push(Document::split(
+                        engine,
+                        &sweep.text,
+                        document_tokens,
+                        size,
+                        sweep.first_tokens,
+                    )?);
+                    documents.len() - 1
+                }
             };
-            let (key, value) = (key.trim(), value.trim());
-            match key {
-                "processor" => threads += 1,
-                "model name" | "Hardware" | "cpu model" if cpu.is_none() && !value.is_empty() => {
-                    cpu = Some(value.to_string())
-                }
-                "physical id" => physical = value.to_string(),
-                "core id" => {
-                    let core = (physical.clone(), value.to_string());
-                    if !cores.contains(&core) {
-                        cores.push(core);
-                    }
-                }
-                _ => {}
-            }
+            let name = format!("{}-{chunk_tokens}", method.name);
+            plan.push(Planned {
+                method,
+                chunk_tokens,
+                document,
+                run_dir: format!("{RUNS}/{name}"),
+                path: out.join(RUNS).join(name),
+            });
         }
-        let memory_gib = meminfo.and_then(|text| {
-            let line = text.lines().find(|line| line.starts_with("MemTotal:"))?;
-            let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some((kib / (1024.0 * 1024.0) * 10.0).round() / 10.0)
-        });
-        Machine {
-            cpu: cpu.unwrap_or_else(|| "unknown CPU".into()),
-            cores: (!cores.is_empty()).then_some(cores.len()),
-            threads: if threads > 0 {
-                threads
-            } else {
-                fallback_threads
-            },
-            memory_gib,
-            engine_threads,
+    }
+    let context = SweepContext::new(sweep, engine);
+    let job = |planned| Planned::job(planned, &documents, &sweep.sampling, sweep.resume);
+    let mut pending = Vec::new();
+    for planned in &plan {
+        let fingerprint = job(planned).fingerprint(&engine.identity());
+        if let Some(index) = finished(&rows, planned, out) {
+            let row = &rows[index];
+            if row.fingerprint != fingerprint {
+                return Err(Error::invalid(
+                    out.join(&row.run_dir).display().to_string(),
+                    "finished with other settings than this sweep's; choose another --out",
+                ));
+            }
+        } else {
+            pending.push(planned);
+        }
+    }
+    progress.note(&format!(
+        "{}: {} tokens; {} run{} to do ({} already finished){}",
+        sweep.document.display(),
+        documents[0].tokens,
+        pending.len(),
+        if pending.len() == 1 { "" } else { "s" },
+        plan.len() - pending.len(),
+        estimate_note(&rows, &pending, &documents),
+    ));
+
+    let mut judge: Option<Engine> = None;
+    if let Some(judging) = &sweep.judging {
+        // Runs finished by an earlier session without --quality are judged now,
+        // so a sweep can be scored after the fact without redoing it.
+        let unjudged = plan
+            .iter()
+            .filter_map(|planned| finished(&rows, planned, out))
+            .filter(|&index| !is_judged(&rows[index], judging.questions.is_some()))
+            .collect::<Vec<_>>();
+        for index in unjudged {
+            let judge = loaded_judge(&mut judge, judging)?;
+            let run_dir = out.join(&rows[index].run_dir);
+            progress.note(&format!("judging {}", run_dir.display()));
+            judge_summary(
+                judge,
+                &run_dir,
+                judging.questions.as_deref(),
+                &mut rows[index].stats,
+            )?;
+            bench.rewrite_jsonl(RESULTS, &rows)?;
+            write_reports(&bench, &rows)?;
         }
     }
 
-    /// One line for a report, e.g. `Xeon (2 cores, 4 threads, 7.8 GiB RAM; prism used 2 threads)`.
-    pub fn describe(&self) -> String {
-        let mut parts = Vec::new();
-        if let Some(cores) = self.cores {
-            parts.push(format!("{cores} cores"));
+    for (index, planned) in pending.iter().enumerate() {
+        if sweep.stop_after_runs.is_some_and(|limit| index >= limit) {
+            progress.note(&format!(
+                "{}: paused after {index} runs; continue with --resume",
+                out.display()
+            ));
+            return Ok(SweepOutcome {
+                rows,
+                paused_after: Some(index),
+            });
         }
-        parts.push(format!("{} threads", self.threads));
-        if let Some(gib) = self.memory_gib {
-            parts.push(format!("{gib} GiB RAM"));
+        let position = plan.len() - pending.len() + index + 1;
+        progress.run_begins(&format!(
+            "{} @{} [run {position}/{}] ",
+            planned.method.name,
+            planned.chunk_tokens,
+            plan.len()
+        ));
+        // Each run starts cold, as it would on a freshly loaded engine.
+        engine.clear_cache();
+        let job = job(planned);
+        let Outcome::Finished { stats, .. } = job.run(engine, progress)? else {
+            return Err(Error::invalid(
+                job.out.display().to_string(),
+                "stopped before finishing",
+            ));
+        };
+        let mut stats = Row::stats_from_json(to_map(&stats));
+        if let Some(judging) = &sweep.judging {
+            let judge = loaded_judge(&mut judge, judging)?;
+            progress.run_begins(&format!("judging {} ", planned.method.name));
+            judge_summary(judge, job.out, judging.questions.as_deref(), &mut stats)?;
         }
-        format!(
-            "{} ({}; prism used {} threads)",
-            self.cpu,
-            parts.join(", "),
-            self.engine_threads
-        )
+        let row = context.row(
+            planned,
+            &documents[planned.document],
+            job.fingerprint(&engine.identity()),
+            stats,
+        );
+        bench.append_jsonl(RESULTS, &row)?;
+        rows.push(row);
+        write_reports(&bench, &rows)?;
+        let last = rows.last().expect("a row was just added");
+        progress.note(&format!(
+            "{}: cache hit {:.1}%, net {} tokens, output {}, cost index {:.4}, {:.0}s{}",
+            job.out.display(),
+            last.metric(Metric::CacheHit).unwrap_or(0.0),
+            last.number("net_tokens").unwrap_or(0.0),
+            last.number("output_tokens").unwrap_or(0.0),
+            last.metric(Metric::CostIndex).unwrap_or(0.0),
+            last.number("wall_seconds").unwrap_or(0.0),
+            estimate_note(&rows, &pending[index + 1..], &documents),
+        ));
     }
+    progress.note(&format!(
+        "{}: sweep finished; report in {REPORT}",
+        out.display()
+    ));
+    Ok(SweepOutcome {
+        rows,
+        paused_after: None,
+    })
+}
+
+/// `prism bench report DIR`: rebuild results.csv, report.md and the charts
+/// from results.jsonl, and return its rows.
+pub fn regenerate(dir: &Path) -> Result<Vec<Row>> {
+    if !dir.join(RESULTS).is_file() {
+        return Err(Error::invalid(
+            dir.display().to_string(),
+            format!("no {RESULTS} here; is it a bench directory?"),
+        ));
+    }
+    let bench = RunDir::create(dir)?;
+    let rows: Vec<Row> = bench.read_jsonl(RESULTS)?;
+    write_reports(&bench, &rows)?;
+    Ok(rows)
+}
+
+/// `values`, refusing an empty list or one with repeats.
+fn distinct<T: PartialEq + std::fmt::Display>(values: &[T], flag: &str) -> Result<()> {
+    if values.is_empty() {
+        return Err(Error::invalid(flag, "lists nothing"));
+    }
+    for (index, value) in values.iter().enumerate() {
+        if values[..index].contains(value) {
+            return Err(Error::invalid(flag, format!("lists {value} twice")));
+        }
+    }
+    Ok(())
+}
+
+/// `stats.json`'s fields as a map.
+fn to_map(stats: &impl serde::Serialize) -> Map<String, Value> {
+    match serde_json::to_value(stats) {
+        Ok(Value::Object(map)) => map,
+        _ => Map::new(),
+    }
+}
+
+/// The index of `planned`'s row if it has one and its run directory its stats.json.
+fn finished(rows: &[Row], planned: &Planned, out: &Path) -> Option<usize> {
+    let index = rows
+        .iter()
+        .rposition(|row| row.run_dir == planned.run_dir)?;
+    out.join(&rows[index].run_dir)
+        .join(RunDir::STATS)
+        .is_file()
+        .then_some(index)
+}
+
+/// Whether `row` holds the scores --quality adds (QA-F1 only when questions
+/// are given this time).
+fn is_judged(row: &Row, with_questions: bool) -> bool {
+    let has = |key: &str| row.stats.contains_key(key);
+    (has("coherence") || has("coherence_error")) && (!with_questions || has("qa_f1"))
+}
+
+/// A rough estimate of the `pending` runs' time, as a suffix for a progress line.
+fn estimate_note(rows: &[Row], pending: &[&Planned], documents: &[Document]) -> String {
+    if pending.is_empty() {
+        return String::new();
+    }
+    let pending: Vec<Pending> = pending
+        .iter()
+        .map(|planned| {
+            let chunks = &documents[planned.document].chunks;
+            Pending {
+                method: planned.method.name.clone(),
+                chunk_tokens: planned.chunk_tokens,
+                read_tokens: chunks.iter().map(|chunk| chunk.tokens).sum(),
+                chunks: chunks.len(),
+                steps_done: steps_done(&planned.path),
+            }
+        })
+        .collect();
+    let forecast = results::estimate(rows, &pending);
+    let unpaced = forecast.unpaced_methods.join(", ");
+    match (forecast.unpaced_methods.is_empty(), forecast.seconds > 0.0) {
+        (true, _) => format!(
+            "; the rest may take roughly {} (paced by the finished runs)",
+            duration(forecast.seconds)
+        ),
+        (false, true) => format!(
+            "; the rest may take roughly {} plus the runs of {unpaced}, \
+             which get an estimate after their first finished run",
+            duration(forecast.seconds)
+        ),
+        (false, false) => {
+            "; a rough time estimate follows each method's first finished run".to_string()
+        }
+    }
+}
+
+/// Steps an earlier session of the run in `run_dir` completed, for the time
+/// estimate only: 0 when it has no checkpoint or one that cannot be read (the
+/// run itself reports that when it starts).
+fn steps_done(run_dir: &Path) -> usize {
+    std::fs::read(run_dir.join(RunDir::CHECKPOINT))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<Checkpoint<IgnoredAny>>(&bytes).ok())
+        .map_or(0, |checkpoint| checkpoint.completed_steps)
+}
+
+fn duration(seconds: f64) -> String {
+    let minutes = (seconds / 60.0).round() as u64;
+    match minutes {
+        0 => format!("{seconds:.0}s"),
+        1..=119 => format!("{minutes} min"),
+        _ => format!("{:.1} h", seconds / 3600.0),
+    }
+}
+
+/// What every row of this session shares.
+struct SweepContext {
+    model: String,
+    document: String,
+    device: String,
+    machine: Machine,
+    git_revision: String,
+    git_dirty: Option<bool>,
+    command: String,
+}
+
+impl SweepContext {
+    fn new(sweep: &Sweep, engine: &Engine) -> Self {
+        let (git_revision, git_dirty) = git_state();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let document = &sweep.document;
+        SweepContext {
+            model: engine.name().to_string(),
+            document: document.file_name().map_or_else(
+                || document.display().to_string(),
+                |name| name.to_string_lossy().into_owned(),
+            ),
+            device: serde_json::to_value(engine.identity().device)
+                .ok()
+                .and_then(|value| value.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            machine: Machine::from_proc(
+                std::fs::read_to_string("/proc/cpuinfo").ok().as_deref(),
+                std::fs::read_to_string("/proc/meminfo").ok().as_deref(),
+                threads,
+                crate::engine::device::default_threads(),
+            ),
+            git_revision,
+            git_dirty,
+            command: sweep.command.clone(),
+        }
+    }
+
+    fn row(
+        &self,
+        planned: &Planned,
+        document: &Document,
+        fingerprint: String,
+        stats: Map<String, Value>,
+    ) -> Row {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_secs());
+        Row {
+            method: planned.method.name.clone(),
+            chunk_tokens: planned.chunk_tokens,
+            model: self.model.clone(),
+            document: self.document.clone(),
+            document_sha256: document.sha256.clone(),
+            document_tokens: document.tokens,
+            read_tokens: document.chunks.iter().map(|chunk| chunk.tokens).sum(),
+            device: self.device.clone(),
+            machine: self.machine.clone(),
+            git_revision: self.git_revision.clone(),
+            git_dirty: self.git_dirty,
+            date: results::utc_timestamp(now),
+            command: self.command.clone(),
+            run_dir: planned.run_dir.clone(),
+            fingerprint,
+            stats,
+        }
+    }
+}
+
+/// The judge of `--quality`, loaded on the sweep's device the first time it is needed.
+fn loaded_judge<'a>(judge: &'a mut Option<Engine>, judging: &Judging) -> Result<&'a mut Engine> {
+    match judge {
+        Some(judge) => Ok(judge),
+        None => {
+            let source = source::resolve(&judging.judge_model)?;
+            let options = LoadOptions {
+                device: judging.device,
+                prefill_weights: None,
+            };
+            Ok(judge.insert(Engine::load(&source, &options)?))
+        }
+    }
+}
+
+/// Score the summary in `run_dir` with `judge` and add the scores to `stats`:
+/// `coherence` and `coherence_unparsed`, and `qa_f1` when `questions` are
+/// given. A summary the judge cannot score (no sentences) is recorded as
+/// `coherence_error`, so one odd run does not stop the sweep.
+fn judge_summary(
+    judge: &mut Engine,
+    run_dir: &Path,
+    questions: Option<&[QaPair]>,
+    stats: &mut Map<String, Value>,
+) -> Result<()> {
+    let dir = RunDir::create(run_dir)?;
+    let summary_path = dir.file(RunDir::SUMMARY)?;
+    let summary =
+        std::fs::read_to_string(&summary_path).map_err(|err| Error::io(&summary_path, err))?;
+    judge.clear_cache();
+    let mut llm = EngineLlm::new(judge, GenerateOptions::default());
+    let config = CoherenceConfig { constrained: true };
+    match score_coherence(&mut llm, &summary, &config, &mut |_, _| {}) {
+        Ok(report) => {
+            stats.insert("coherence".into(), report.score.into());
+            stats.insert("coherence_unparsed".into(), report.unparsed.into());
+            dir.write_json("coherence.json", &report)?;
+        }
+        Err(err) => {
+            stats.insert("coherence_error".into(), err.to_string().into());
+        }
+    }
+    if let Some(questions) = questions {
+        let score = score_summary(&mut llm, &summary, questions)?;
+        stats.insert("qa_f1".into(), score.correct_f1.into());
+        dir.write_json("qa.json", &score)?;
+    }
+    Ok(())
+}
+
+/// The short revision of prism's source tree and whether it has uncommitted
+/// changes: ("unknown", None) when git or the tree is not there.
+fn git_state() -> (String, Option<bool>) {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(env!("CARGO_MANIFEST_DIR"))
+            .args(args)
+            .output()
+            .ok()
+            .filter(|output| output.status.success())
+            .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "--short", "HEAD"]) {
+        Some(revision) if !revision.is_empty() => {
+            // Committed results change while a sweep runs; they are not the source.
+            let dirty = git(&[
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":(exclude)results",
+            ])
+            .map(|status| !status.is_empty());
+            (revision, dirty)
+        }
+        _ => ("unknown".to_string(), None),
+    }
+}
+
+/// Rebuild results.csv, report.md and the charts from `rows`.
+fn write_reports(bench: &RunDir, rows: &[Row]) -> Result<()> {
+    bench.write_text(RESULTS_CSV, &results::csv(rows))?;
+    bench.write_text(REPORT, &report::markdown(rows))?;
+    for metric in Metric::ALL {
+        let chart = charts::svg(metric, &results::series(rows, metric))?;
+        bench.write_text(metric.chart_file(), &chart)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use serde_json::json;
 
-    pub(crate) fn row(method: &str, chunk_tokens: usize, stats: Value) -> Row {
-        Row {
-            method: method.into(),
-            chunk_tokens,
-            model: "tiny".into(),
-            document: "doc.txt".into(),
-            read_tokens: 1000,
-            stats: stats.as_object().cloned().unwrap_or_default(),
-            ..Row::default()
-        }
+    #[test]
+    fn repeated_values_are_refused() {
+        assert!(distinct(&[500, 1000], "--chunk-tokens").is_ok());
+        let err = distinct(&[500, 500], "--chunk-tokens").unwrap_err();
+        assert_eq!(err.to_string(), "--chunk-tokens: lists 500 twice");
+        assert!(distinct::<usize>(&[], "--chunk-tokens").is_err());
     }
 
     #[test]
-    fn stats_json_method_becomes_label() {
-        let stats = Row::stats_from_json(
-            json!({"method": "prism-amendments", "calls": 3, "retries": 0})
-                .as_object()
-                .unwrap()
-                .clone(),
-        );
-        assert_eq!(stats["label"], "prism-amendments");
-        assert!(!stats.contains_key("method"));
-        // The label keeps its place, so CSV columns keep stats.json's order.
-        let keys: Vec<&str> = stats.keys().map(String::as_str).collect();
-        assert_eq!(keys, ["label", "calls", "retries"]);
-    }
-
-    #[test]
-    fn stats_named_like_row_fields_are_prefixed_and_the_row_reads_back() {
-        let stats = Row::stats_from_json(
-            json!({"document_tokens": 7, "calls": 3})
-                .as_object()
-                .unwrap()
-                .clone(),
-        );
-        let original = Row {
-            document_tokens: 9,
-            stats,
-            ..Row::default()
-        };
-        let line = serde_json::to_string(&original).unwrap();
-        let back: Row = serde_json::from_str(&line).unwrap();
-        assert_eq!(back, original);
-        assert_eq!(back.number("stats_document_tokens"), Some(7.0));
-    }
-
-    #[test]
-    fn the_row_fields_list_names_every_field_of_a_row() {
-        let value = serde_json::to_value(Row::default()).unwrap();
-        for key in value.as_object().unwrap().keys() {
-            assert!(Row::FIELDS.contains(&key.as_str()), "{key} is missing");
-        }
-    }
-
-    #[test]
-    fn rows_round_trip_through_json_with_their_stats_flat() {
-        let original = row("a", 500, json!({"cache_hit_rate": 0.5, "calls": 2}));
-        let line = serde_json::to_string(&original).unwrap();
-        let value: Value = serde_json::from_str(&line).unwrap();
-        assert_eq!(value["calls"], 2);
-        assert_eq!(value["machine"]["threads"], 0);
-        let back: Row = serde_json::from_str(&line).unwrap();
-        assert_eq!(back, original);
-        // A row missing fields (an older format) still reads.
-        let sparse: Row = serde_json::from_str(r#"{"method": "b", "chunk_tokens": 9}"#).unwrap();
-        assert_eq!((sparse.method.as_str(), sparse.chunk_tokens), ("b", 9));
-    }
-
-    #[test]
-    fn csv_flattens_nested_fields_and_escapes_cells() {
-        let mut first = row("a", 500, json!({"calls": 2}));
-        first.command = "prism bench \"my, doc.txt\"".into();
-        first.machine.cpu = "Xeon".into();
-        let second = row("b", 1000, json!({"calls": 3, "retries": 1}));
-        let text = csv(&[first, second]);
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 3);
-        let header: Vec<&str> = lines[0].split(',').collect();
-        assert_eq!(header[0], "method");
-        assert!(header.contains(&"machine.cpu") && header.contains(&"machine.memory_gib"));
-        // A column only the second row has comes last; the first row's cell is empty.
-        assert_eq!(*header.last().unwrap(), "retries");
-        assert!(lines[1].ends_with(",2,"), "{}", lines[1]);
-        assert!(lines[2].ends_with(",3,1"), "{}", lines[2]);
-        assert!(lines[1].contains(r#","prism bench ""my, doc.txt""","#));
-        // git_dirty is null: an empty cell, not "null".
-        assert!(!text.contains("null"));
-    }
-
-    #[test]
-    fn csv_quotes_line_breaks() {
-        assert_eq!(csv_field("a\nb"), "\"a\nb\"");
-        assert_eq!(csv_field("plain"), "plain");
-    }
-
-    #[test]
-    fn series_follow_methods_in_order_and_skip_missing_values() {
-        let rows = [
-            row("b", 1000, json!({"cache_hit_rate": 0.5})),
-            row("a", 500, json!({"cache_hit_rate": 0.25})),
-            row("b", 500, json!({})),
-            row("a", 1000, json!({"cache_hit_rate": 0.75})),
-        ];
-        let series = series(&rows, Metric::CacheHit);
-        assert_eq!(series.len(), 2);
-        assert_eq!(series[0].method, "b");
-        assert_eq!(series[0].points, vec![(1000, 50.0)]);
-        assert_eq!(series[1].points, vec![(500, 25.0), (1000, 75.0)]);
-    }
-
-    #[test]
-    fn a_run_recorded_twice_counts_once_with_its_last_row() {
-        let rows = [
-            row("a", 500, json!({"calls": 1})),
-            row("a", 500, json!({"calls": 2})),
-        ];
-        assert_eq!(find(&rows, "a", 500).unwrap().number("calls"), Some(2.0));
-    }
-
-    fn pending(method: &str, chunk_tokens: usize, chunks: usize) -> Pending {
-        Pending {
-            method: method.into(),
-            chunk_tokens,
-            read_tokens: 2000,
-            chunks,
-            steps_done: 0,
-        }
-    }
-
-    #[test]
-    fn estimates_scale_prefill_with_tokens_and_the_rest_with_chunks() {
-        // 1000 tokens read in 4 chunks: 20 s of prefill (2000 net at 100/s), 80 s the rest.
-        let rows = [row(
-            "a",
-            250,
-            json!({"wall_seconds": 100.0, "chunks": 4, "net_tokens": 2000, "prefill_tokens_per_second": 100.0}),
-        )];
-        // Twice the tokens in twice the chunks: twice the time.
-        let seconds = estimate(&rows, &[pending("a", 250, 8)]).seconds;
-        assert!((seconds - 200.0).abs() < 1e-9);
-        // Twice the tokens in one chunk: 40 s of prefill, 20 s for the chunk.
-        let seconds = estimate(&rows, &[pending("a", 2000, 1)]).seconds;
-        assert!((seconds - 60.0).abs() < 1e-9);
-        // Half of it done by an earlier session.
-        let half_done = Pending {
-            steps_done: 4,
-            ..pending("a", 250, 8)
-        };
-        let seconds = estimate(&rows, &[half_done]).seconds;
-        assert!((seconds - 100.0).abs() < 1e-9);
-    }
-
-    #[test]
-    fn estimates_use_the_same_method_at_the_nearest_chunk_size() {
-        let rows = [
-            row("slow", 500, json!({"wall_seconds": 100.0, "chunks": 2})),
-            row("slow", 4000, json!({"wall_seconds": 300.0, "chunks": 2})),
-            row("fast", 500, json!({"wall_seconds": 10.0, "chunks": 2})),
-        ];
-        // No prefill rate: all of the time counts per chunk (slow at 500: 50 s, at 4000: 150 s).
-        let seconds = estimate(&rows, &[pending("slow", 1000, 2)]).seconds;
-        assert!((seconds - 100.0).abs() < 1e-9);
-        let seconds = estimate(&rows, &[pending("slow", 3000, 2)]).seconds;
-        assert!((seconds - 300.0).abs() < 1e-9);
-    }
-
-    #[test]
-    fn methods_with_no_finished_run_are_named_instead_of_guessed() {
-        let rows = [row("fast", 500, json!({"wall_seconds": 10.0, "chunks": 2}))];
-        let runs = [
-            pending("new", 500, 3),
-            pending("fast", 500, 2),
-            pending("new", 1000, 3),
-            pending("other", 500, 1),
-        ];
-        let forecast = estimate(&rows, &runs);
-        assert!((forecast.seconds - 10.0).abs() < 1e-9);
-        assert_eq!(forecast.unpaced_methods, ["new", "other"]);
-        let forecast = estimate(&[], &[pending("new", 500, 1)]);
-        assert_eq!(forecast.seconds, 0.0);
-        assert_eq!(forecast.unpaced_methods, ["new"]);
-    }
-
-    #[test]
-    fn utc_timestamps_match_known_dates() {
-        assert_eq!(utc_timestamp(0), "1970-01-01T00:00:00Z");
-        assert_eq!(utc_timestamp(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(utc_timestamp(1_735_689_599), "2024-12-31T23:59:59Z");
-    }
-
-    #[test]
-    fn machine_reads_proc_files_and_falls_back() {
-        let cpuinfo = "processor\t: 0\nmodel name\t: Test CPU @ 2GHz\nphysical id\t: 0\ncore id\t: 0\n\n\
-                       processor\t: 1\nmodel name\t: Test CPU @ 2GHz\nphysical id\t: 0\ncore id\t: 0\n\n\
-                       processor\t: 2\nmodel name\t: Test CPU @ 2GHz\nphysical id\t: 0\ncore id\t: 1\n";
-        let meminfo = "MemTotal:        8048576 kB\nMemFree: 1 kB\n";
-        let machine = Machine::from_proc(Some(cpuinfo), Some(meminfo), 99, 2);
-        assert_eq!(machine.cpu, "Test CPU @ 2GHz");
-        assert_eq!((machine.cores, machine.threads), (Some(2), 3));
-        assert_eq!(machine.memory_gib, Some(7.7));
-        assert_eq!(
-            machine.describe(),
-            "Test CPU @ 2GHz (2 cores, 3 threads, 7.7 GiB RAM; prism used 2 threads)"
-        );
-        let unknown = Machine::from_proc(None, None, 4, 4);
-        assert_eq!(unknown.cpu, "unknown CPU");
-        assert_eq!(
-            (unknown.cores, unknown.threads, unknown.memory_gib),
-            (None, 4, None)
-        );
-        assert_eq!(
-            unknown.describe(),
-            "unknown CPU (4 threads; prism used 4 threads)"
-        );
+    fn durations_read_naturally() {
+        assert_eq!(duration(20.0), "20s");
+        assert_eq!(duration(600.0), "10 min");
+        assert_eq!(duration(3.0 * 3600.0), "3.0 h");
     }
 }

@@ -3,15 +3,16 @@
 //! reports Correct-F1 with what the answering model's calls cost.
 
 use super::generate::describe;
-use super::summarize::{Document, OnOff};
+use super::summarize::OnOff;
 use super::{DocumentLimit, EngineArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use prism::engine::sampling::SamplingConfig;
 use prism::engine::GenerateOptions;
-use prism::methods::llm::EngineLlm;
+use prism::job::Document;
+use prism::llm::EngineLlm;
 use prism::metrics::Ledger;
-use prism::quality::qa;
+use prism::qa;
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -64,7 +65,8 @@ fn generate(args: GenerateQaArgs) -> Result<()> {
     let sampling = args.sampling.config(SamplingConfig::default())?;
     let text = args.document_limit.read(&args.document)?;
     let mut engine = args.engine.load()?;
-    let tokens = Document::count(&engine, &args.document, &text)?;
+    let tokens = Document::count(&engine, &text)
+        .with_context(|| format!("tokenizing {}", args.document.display()))?;
     let document = Document::split(&engine, &text, tokens, args.chunk_tokens, args.first_tokens)?;
     let options = GenerateOptions {
         sampling,

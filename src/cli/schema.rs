@@ -8,8 +8,8 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use prism::engine::sampling::SamplingConfig;
 use prism::engine::GenerateOptions;
-use prism::methods::llm::EngineLlm;
-use prism::methods::schema_gen::{generate_schema, SchemaGenConfig, SchemaRequest};
+use prism::llm::EngineLlm;
+use prism::schema_gen::{generate_schema, SchemaGenConfig, SchemaRequest};
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -91,7 +91,7 @@ fn run_generate(args: GenerateSchemaArgs) -> Result<()> {
         }
     }
     let text = format!("{}\n", serde_json::to_string_pretty(&generated.schema)?);
-    prism::rundir::write_atomic(out, text.as_bytes())
+    prism::run::dir::write_atomic(out, text.as_bytes())
         .with_context(|| format!("writing {}", out.display()))?;
     out!("{text}")?;
     let figures = &generated.figures;

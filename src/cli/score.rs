@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use prism::engine::sampling::SamplingConfig;
 use prism::engine::GenerateOptions;
-use prism::methods::llm::EngineLlm;
+use prism::llm::EngineLlm;
 use prism::quality::coherence::{score_coherence, CoherenceConfig, CoherenceReport, VerdictKind};
 use std::path::PathBuf;
 

@@ -10,24 +10,22 @@ use super::{DocumentLimit, EngineArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use prism::chunk::Chunk;
+use prism::bench::sweep::SweepProgress;
 use prism::engine::sampling::SamplingConfig;
-use prism::engine::{Engine, EngineIdentity, GenerateOptions};
+use prism::job::{Document, Job};
 use prism::memory::{shipped, Schema};
 use prism::methods::cok::{CokConfig, Variant};
 use prism::methods::cos::CosConfig;
 use prism::methods::detail::DetailConfig;
 use prism::methods::hierarchical::HierarchicalConfig;
 use prism::methods::incremental::IncrementalConfig;
-use prism::methods::llm::EngineLlm;
 use prism::methods::prism::{MemoryMode, PrismConfig};
-use prism::methods::run::{Outcome, Position, Progress, RunFiles};
 use prism::methods::whole::WholeConfig;
 use prism::methods::MethodSpec;
 use prism::metrics::Figures;
-use prism::rundir::{fingerprint, RunDir};
-use sha2::{Digest, Sha256};
-use std::path::{Path, PathBuf};
+use prism::run::dir::RunDir;
+use prism::run::{Outcome, Position, Progress};
+use std::path::PathBuf;
 
 /// The methods `--method` accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -312,7 +310,8 @@ pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
     }
     let text = args.document_limit.read(&args.document)?;
     let mut engine = args.engine.load()?;
-    let tokens = Document::count(&engine, &args.document, &text)?;
+    let tokens = Document::count(&engine, &text)
+        .with_context(|| format!("tokenizing {}", args.document.display()))?;
     let read_tokens = args.first_tokens.map_or(tokens, |limit| limit.min(tokens));
     let chunk_tokens = spec.chunk_tokens(args.chunk_tokens, read_tokens)?;
     let document = Document::split(&engine, &text, tokens, chunk_tokens, args.first_tokens)?;
@@ -356,121 +355,6 @@ pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
         ),
     }
     Ok(())
-}
-
-/// A document split into chunks for one chunk size.
-pub struct Document {
-    pub sha256: String,
-    /// Tokens of the whole text.
-    pub tokens: usize,
-    pub chunk_tokens: usize,
-    pub chunks: Vec<Chunk>,
-}
-
-impl Document {
-    /// Tokens of the whole of `text` (at `path`) by `engine`'s tokenizer.
-    pub fn count(engine: &Engine, path: &Path, text: &str) -> Result<usize> {
-        Ok(engine
-            .tokenizer()
-            .encode(text)
-            .with_context(|| format!("tokenizing {}", path.display()))?
-            .len())
-    }
-
-    /// Split `text`, of `tokens` tokens as [`Document::count`] gave them, into
-    /// chunks of at most `chunk_tokens` tokens by `engine`'s tokenizer, keeping
-    /// only the first `first_tokens` tokens' worth when given.
-    pub fn split(
-        engine: &Engine,
-        text: &str,
-        tokens: usize,
-        chunk_tokens: usize,
-        first_tokens: Option<usize>,
-    ) -> Result<Self> {
-        anyhow::ensure!(chunk_tokens > 0, "--chunk-tokens must be at least 1");
-        let context = engine.context_tokens();
-        anyhow::ensure!(
-            chunk_tokens < context,
-            "--chunk-tokens {chunk_tokens} does not fit the model's context of {context} tokens",
-        );
-        let tokenizer = engine.tokenizer();
-        // Counting the whole text first surfaced any tokenizer error, so the
-        // chunker's counter (which cannot fail) never meets one.
-        let count = |piece: &str| tokenizer.encode(piece).map_or(usize::MAX, |ids| ids.len());
-        let mut chunks = prism::chunk::split(text, chunk_tokens, &count)?;
-        if let Some(limit) = first_tokens {
-            let mut covered = 0;
-            chunks.retain(|chunk| {
-                covered += chunk.tokens;
-                covered <= limit
-            });
-            anyhow::ensure!(
-                !chunks.is_empty(),
-                "--first-tokens {limit} is less than the first chunk"
-            );
-        }
-        Ok(Document {
-            sha256: format!("{:x}", Sha256::digest(text.as_bytes())),
-            tokens,
-            chunk_tokens,
-            chunks,
-        })
-    }
-}
-
-/// Everything that decides a run's result; its fingerprint guards `--resume`.
-#[derive(serde::Serialize)]
-struct RunIdentity<'a> {
-    document_sha256: &'a str,
-    engine: &'a EngineIdentity,
-    chunk_tokens: usize,
-    chunks: usize,
-    spec: &'a MethodSpec,
-    sampling: &'a SamplingConfig,
-}
-
-/// One method over one split document into one run directory.
-pub struct Job<'a> {
-    pub spec: &'a MethodSpec,
-    pub document: &'a Document,
-    pub sampling: &'a SamplingConfig,
-    pub out: &'a Path,
-    pub resume: bool,
-    pub stop_after: Option<usize>,
-}
-
-impl Job<'_> {
-    /// The fingerprint of everything that decides the run's result on `engine`.
-    pub fn fingerprint(&self, engine: &EngineIdentity) -> String {
-        fingerprint(&RunIdentity {
-            document_sha256: &self.document.sha256,
-            engine,
-            chunk_tokens: self.document.chunk_tokens,
-            chunks: self.document.chunks.len(),
-            spec: self.spec,
-            sampling: self.sampling,
-        })
-    }
-
-    pub fn run(&self, engine: &mut Engine, progress: &mut dyn Progress) -> Result<Outcome> {
-        let fingerprint = self.fingerprint(&engine.identity());
-        let options = GenerateOptions {
-            sampling: self.sampling.clone(),
-            ..GenerateOptions::default()
-        };
-        let mut llm = EngineLlm::new(engine, options);
-        let dir = RunDir::create(self.out)?;
-        let files = RunFiles {
-            dir: &dir,
-            fingerprint,
-            resume: self.resume,
-            stop_after: self.stop_after,
-            sampling: self.sampling.clone(),
-        };
-        Ok(self
-            .spec
-            .run(&mut llm, &self.document.chunks, &files, progress)?)
-    }
 }
 
 /// A progress bar on stderr: the stage, steps done, cache hit rate so far, ETA.
@@ -517,5 +401,15 @@ impl Progress for Bar {
 
     fn step_done(&mut self, position: &Position, figures: &Figures) {
         self.show(position, Some(figures));
+    }
+}
+
+impl SweepProgress for Bar {
+    fn run_begins(&mut self, label: &str) {
+        self.set_prefix(label.to_string());
+    }
+
+    fn note(&mut self, line: &str) {
+        self.bar.suspend(|| eprintln!("{line}"));
     }
 }

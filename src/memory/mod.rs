@@ -13,9 +13,11 @@
 //!
 //! Nothing here does I/O apart from [`Schema::from_file`].
 
+pub mod grammar;
 pub mod parse;
 pub mod path;
 pub mod render;
+pub mod revise;
 pub mod revision;
 pub mod schema;
 pub mod screen;

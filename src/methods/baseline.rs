@@ -3,9 +3,9 @@
 //! document, the record of a call in `steps.jsonl`, and the test for a
 //! summary cut off mid-sentence.
 
-use super::llm::{Llm, Prompt};
 use crate::chunk::Chunk;
 use crate::error::Result;
+use crate::llm::{Llm, Prompt};
 use crate::metrics::Figures;
 use std::time::Instant;
 

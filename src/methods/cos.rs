@@ -47,14 +47,14 @@
 //! `stats.json` reports `refine_prompt_tokens` and `refine_reused_tokens` to
 //! show what that saves.
 
-use super::llm::{Llm, Prompt};
-use super::run::{blank_chunk, prompt_texts, Advance, Finish, Method, Position};
 use crate::chunk::Chunk;
 use crate::engine::Usage;
 use crate::error::{Error, Result};
+use crate::llm::{Llm, Prompt};
 use crate::metrics::Figures;
-use crate::quality::f1::mean_f1;
-use crate::quality::qa::{self, Answered, QaPair};
+use crate::qa::f1::mean_f1;
+use crate::qa::{self, Answered, QaPair};
+use crate::run::{blank_chunk, prompt_texts, Advance, Finish, Method, Position};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::cmp::Ordering;

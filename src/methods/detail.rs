@@ -7,10 +7,10 @@
 //! from [`chunk_tokens`], which the caller applies when splitting.
 
 use super::baseline::{earlier_segment, part_prompt, Call, EARLIER_HEADING};
-use super::llm::Llm;
-use super::run::{blank_chunk, prompt_texts, Advance, Finish, Method, Position};
 use crate::chunk::Chunk;
 use crate::error::{Error, Result};
+use crate::llm::Llm;
+use crate::run::{blank_chunk, prompt_texts, Advance, Finish, Method, Position};
 
 /// Settings of one detail run; everything here is part of a run's identity.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]

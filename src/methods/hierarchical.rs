@@ -9,10 +9,10 @@
 //! level, so the pieces of a level read as one story.
 
 use super::baseline::{part_prompt, words_for, Call, SYSTEM};
-use super::llm::{Llm, Prompt};
-use super::run::{blank_chunk, prompt_texts, Advance, Finish, Method, Position};
 use crate::chunk::Chunk;
 use crate::error::{Error, Result};
+use crate::llm::{Llm, Prompt};
+use crate::run::{blank_chunk, prompt_texts, Advance, Finish, Method, Position};
 use std::ops::Range;
 
 /// Settings of one hierarchical run; everything here is part of a run's identity.

@@ -8,10 +8,10 @@
 //! the summary changes every time.
 
 use super::baseline::{ends_mid_sentence, part_prompt, words_for, Call, SYSTEM};
-use super::llm::{Llm, Prompt};
-use super::run::{blank_chunk, prompt_texts, Advance, Finish, Method, Position};
 use crate::chunk::Chunk;
 use crate::error::Result;
+use crate::llm::{Llm, Prompt};
+use crate::run::{blank_chunk, prompt_texts, Advance, Finish, Method, Position};
 
 /// Settings of one incremental run; everything here is part of a run's identity.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]

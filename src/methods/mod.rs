@@ -1,7 +1,7 @@
 //! Methods turn a long document into an answer through a series of model calls.
 //!
-//! They deal in text and token counts only: [`llm::Llm`] is their view of the
-//! engine. [`run::drive`] runs any of them with the same ledger, run files
+//! They deal in text and token counts only: [`Llm`] is their view of the
+//! engine. [`drive`] runs any of them with the same ledger, run files
 //! and checkpoints, so their figures compare. [`MethodSpec`] names a method
 //! with its settings; it is what `summarize --method` and `bench --methods`
 //! build, and part of a run's identity.
@@ -12,18 +12,14 @@ pub mod cos;
 pub mod detail;
 pub mod hierarchical;
 pub mod incremental;
-pub mod llm;
 pub mod prism;
-pub mod revision_grammar;
-pub mod run;
-pub mod schema_gen;
 pub mod whole;
 
 use crate::chunk::Chunk;
 use crate::error::Result;
+use crate::llm::Llm;
 use crate::memory::Schema;
-use llm::Llm;
-use run::{drive, Outcome, Progress, RunFiles};
+use crate::run::{drive, Outcome, Progress, RunFiles};
 
 /// A method and every setting that decides its result.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]

@@ -4,10 +4,10 @@
 //! naming both sizes, never cut to fit.
 
 use super::baseline::{words_for, Call, SYSTEM};
-use super::llm::{Llm, Prompt};
-use super::run::{prompt_texts, Advance, Finish, Method, Position};
 use crate::chunk::Chunk;
 use crate::error::{Error, Result};
+use crate::llm::{Llm, Prompt};
+use crate::run::{prompt_texts, Advance, Finish, Method, Position};
 
 /// Settings of one whole-document run; everything here is part of a run's identity.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]

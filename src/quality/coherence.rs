@@ -14,11 +14,11 @@
 //!
 //! [`score`]: CoherenceReport::score
 
-use super::sentences::split_sentences;
 use crate::engine::constraint::Grammar;
 use crate::error::{Error, Result};
-use crate::methods::llm::{Llm, Prompt};
+use crate::llm::{Llm, Prompt};
 use crate::metrics::{Figures, Ledger};
+use crate::sentences::split_sentences;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::time::Instant;

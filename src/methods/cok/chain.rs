@@ -13,10 +13,10 @@ use super::{chunk_segment, memory_segments, Call, Cok, CokState, Step};
 use crate::chunk::Chunk;
 use crate::engine::constraint::Grammar;
 use crate::error::Result;
+use crate::llm::Llm;
+use crate::memory::grammar::{lark_string, new_key_paths, LineRules};
+use crate::memory::revise::apply_revisions;
 use crate::memory::{render_revision, JsonPath, Next, NodeKind, Revision, Schema, Segment};
-use crate::methods::llm::Llm;
-use crate::methods::prism::apply_revisions;
-use crate::methods::revision_grammar::{lark_string, new_key_paths, LineRules};
 use serde_json::Value;
 
 const LISTED: &str = "Keys in memory";

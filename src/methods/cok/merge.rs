@@ -14,8 +14,8 @@ use super::{
 };
 use crate::chunk::Chunk;
 use crate::error::Result;
+use crate::llm::Llm;
 use crate::memory::Schema;
-use crate::methods::llm::Llm;
 use serde_json::Value;
 
 /// What the model is asked to write after a chunk.

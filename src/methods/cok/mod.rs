@@ -16,23 +16,23 @@
 //! Every prompt opens with the same preamble (task, query, the memory's form,
 //! what a step writes), then shows the memory, then the chunk and the request,
 //! so the engine always reuses the preamble and the memory up to its first
-//! change. Each model call is one unit of work for [`drive`](super::run::drive),
+//! change. Each model call is one unit of work for [`drive`](crate::run::drive),
 //! so a run can stop and resume between any two calls.
 
 pub mod chain;
 pub mod merge;
 mod update;
 
-use super::llm::{Completion, Llm, Prompt};
-use super::prism::Refused;
-use super::revision_grammar::memory_json_schema;
-use super::run::{prompt_texts, Advance, Finish, Method, Position};
 use crate::chunk::Chunk;
 use crate::engine::constraint::Grammar;
 use crate::error::{Error, Result};
+use crate::llm::{Completion, Llm, Prompt};
+use crate::memory::grammar::memory_json_schema;
+use crate::memory::revise::Refused;
 use crate::memory::{parse_memory, render_in_place, Revision, Schema};
 use crate::metrics::Figures;
-use crate::rundir::RunDir;
+use crate::run::dir::RunDir;
+use crate::run::{prompt_texts, Advance, Finish, Method, Position};
 use chain::KeyChain;
 use serde_json::{Map, Value};
 use std::time::Instant;

@@ -6,7 +6,7 @@
 use super::{chunk_segment, memory_segments, settle, Call, Cok, CokState, Kind, Step};
 use crate::chunk::Chunk;
 use crate::error::Result;
-use crate::methods::llm::Llm;
+use crate::llm::Llm;
 
 /// What the model is asked to write after chunk `index` (from 0).
 pub(super) fn request(kind: Kind, index: usize) -> String {

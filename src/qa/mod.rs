@@ -9,12 +9,14 @@
 //! first and the question last, so every question about one summary reuses
 //! the summary's KV.
 
-use super::f1::{mean_f1, token_f1};
+pub mod f1;
+
 use crate::engine::constraint::Grammar;
 use crate::engine::Usage;
 use crate::error::{Error, Result};
-use crate::methods::llm::{Llm, Prompt};
+use crate::llm::{Llm, Prompt};
 use crate::metrics::{Figures, Ledger};
+use f1::{mean_f1, token_f1};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::HashSet;
@@ -156,7 +158,7 @@ pub fn parse_pairs(text: &str) -> Vec<(String, String)> {
         .map(|(question, answer)| (tidy(&question), tidy(&answer)))
         .filter(|(question, answer)| usable(question) && usable(answer))
         .filter(|(_, answer)| answer.split_whitespace().count() <= MAX_ANSWER_WORDS)
-        .filter(|(question, _)| seen.insert(super::f1::normalize(question)))
+        .filter(|(question, _)| seen.insert(f1::normalize(question)))
         .collect()
 }
 
@@ -411,7 +413,7 @@ pub fn write_pairs(path: &Path, pairs: &[QaPair]) -> Result<()> {
         text.push_str(&serde_json::to_string(pair).expect("a pair serializes"));
         text.push('\n');
     }
-    crate::rundir::write_atomic(path, text.as_bytes())
+    crate::run::dir::write_atomic(path, text.as_bytes())
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! `stats.json` carries them. Words are compared lowercased, with
 //! punctuation taken out: `Ship,` and `ship` are the same word.
 
-use super::sentences::split_sentences;
+use crate::sentences::split_sentences;
 use std::collections::HashMap;
 
 /// Word n-grams of this length count as a repeat; short enough to catch a

@@ -1,6 +1,8 @@
 //! Token accounting: per-call usage summed into a ledger, and the figures
 //! (net tokens, cache hit rate, cost index, speeds) derived from it.
 
+pub mod degeneration;
+
 use crate::engine::Usage;
 
 /// The figures every report shows, derived from a [`Usage`] in one place.

@@ -1,4 +1,4 @@
-//! What every method shares when it runs: the ledger of model calls, one line
+//! What every method shares when it runs ([`dir`] owns the files): the ledger of model calls, one line
 //! of `steps.jsonl` per unit of work, a checkpoint after each unit so an
 //! interrupted run resumes where it stopped, and the final `summary.txt` and
 //! `stats.json`.
@@ -8,15 +8,17 @@
 //! sees an [`Llm`] that records every call in the run's ledger and refuses a
 //! prompt that would not fit the context, so no method can forget either.
 
-use super::llm::{Completion, Llm, Prompt};
+pub mod dir;
+
 use crate::chunk::Chunk;
 use crate::engine::constraint::Grammar;
 use crate::engine::sampling::SamplingConfig;
 use crate::engine::LineCheck;
 use crate::error::{Error, Result};
+use crate::llm::{Completion, Llm, Prompt};
+use crate::metrics::degeneration::{echo_share, repeated_ngram_share};
 use crate::metrics::{Figures, Ledger};
-use crate::quality::degeneration::{echo_share, repeated_ngram_share};
-use crate::rundir::{Checkpoint, RunDir};
+use crate::run::dir::{Checkpoint, RunDir};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{Map, Value};

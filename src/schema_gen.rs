@@ -10,9 +10,9 @@
 //! express (`required` naming declared keys, a memory with room to grow) are
 //! still made after.
 
-use super::llm::{Llm, Prompt};
 use crate::engine::constraint::Grammar;
 use crate::error::{Error, Result};
+use crate::llm::{Llm, Prompt};
 use crate::memory::render::to_line;
 use crate::memory::{shipped, Schema};
 use crate::metrics::{Figures, Ledger};

@@ -1,0 +1,134 @@
+//! One summarization job: a document split for one chunk size, a method with
+//! its settings, the sampling, and the run directory it writes. `summarize`
+//! runs one job; a `bench` sweep runs one per method and chunk size.
+//!
+//! A job's fingerprint covers everything that decides its result (document,
+//! engine, chunking, method, sampling), so `--resume` continues a run only
+//! with the settings that began it.
+
+use crate::chunk::Chunk;
+use crate::engine::sampling::SamplingConfig;
+use crate::engine::{Engine, EngineIdentity, GenerateOptions};
+use crate::error::{Error, Result};
+use crate::llm::EngineLlm;
+use crate::methods::MethodSpec;
+use crate::run::dir::{fingerprint, RunDir};
+use crate::run::{Outcome, Progress, RunFiles};
+use sha2::{Digest, Sha256};
+use std::path::Path;
+
+/// A document split into chunks for one chunk size.
+pub struct Document {
+    pub sha256: String,
+    /// Tokens of the whole text.
+    pub tokens: usize,
+    pub chunk_tokens: usize,
+    pub chunks: Vec<Chunk>,
+}
+
+impl Document {
+    /// Tokens of the whole of `text` by `engine`'s tokenizer.
+    pub fn count(engine: &Engine, text: &str) -> Result<usize> {
+        Ok(engine.tokenizer().encode(text)?.len())
+    }
+
+    /// Split `text`, of `tokens` tokens as [`Document::count`] gave them, into
+    /// chunks of at most `chunk_tokens` tokens by `engine`'s tokenizer, keeping
+    /// only the first `first_tokens` tokens' worth when given.
+    pub fn split(
+        engine: &Engine,
+        text: &str,
+        tokens: usize,
+        chunk_tokens: usize,
+        first_tokens: Option<usize>,
+    ) -> Result<Self> {
+        if chunk_tokens == 0 {
+            return Err(Error::invalid("--chunk-tokens", "must be at least 1"));
+        }
+        let context = engine.context_tokens();
+        if chunk_tokens >= context {
+            return Err(Error::invalid(
+                format!("--chunk-tokens {chunk_tokens}"),
+                format!("does not fit the model's context of {context} tokens"),
+            ));
+        }
+        let tokenizer = engine.tokenizer();
+        // Counting the whole text first surfaced any tokenizer error, so the
+        // chunker's counter (which cannot fail) never meets one.
+        let count = |piece: &str| tokenizer.encode(piece).map_or(usize::MAX, |ids| ids.len());
+        let mut chunks = crate::chunk::split(text, chunk_tokens, &count)?;
+        if let Some(limit) = first_tokens {
+            let mut covered = 0;
+            chunks.retain(|chunk| {
+                covered += chunk.tokens;
+                covered <= limit
+            });
+            if chunks.is_empty() {
+                return Err(Error::invalid(
+                    format!("--first-tokens {limit}"),
+                    "less than the first chunk",
+                ));
+            }
+        }
+        Ok(Document {
+            sha256: format!("{:x}", Sha256::digest(text.as_bytes())),
+            tokens,
+            chunk_tokens,
+            chunks,
+        })
+    }
+}
+
+/// Everything that decides a run's result; its fingerprint guards `--resume`.
+#[derive(serde::Serialize)]
+struct RunIdentity<'a> {
+    document_sha256: &'a str,
+    engine: &'a EngineIdentity,
+    chunk_tokens: usize,
+    chunks: usize,
+    spec: &'a MethodSpec,
+    sampling: &'a SamplingConfig,
+}
+
+/// One method over one split document into one run directory.
+pub struct Job<'a> {
+    pub spec: &'a MethodSpec,
+    pub document: &'a Document,
+    pub sampling: &'a SamplingConfig,
+    pub out: &'a Path,
+    pub resume: bool,
+    pub stop_after: Option<usize>,
+}
+
+impl Job<'_> {
+    /// The fingerprint of everything that decides the run's result on `engine`.
+    pub fn fingerprint(&self, engine: &EngineIdentity) -> String {
+        fingerprint(&RunIdentity {
+            document_sha256: &self.document.sha256,
+            engine,
+            chunk_tokens: self.document.chunk_tokens,
+            chunks: self.document.chunks.len(),
+            spec: self.spec,
+            sampling: self.sampling,
+        })
+    }
+
+    pub fn run(&self, engine: &mut Engine, progress: &mut dyn Progress) -> Result<Outcome> {
+        let fingerprint = self.fingerprint(&engine.identity());
+        let options = GenerateOptions {
+            sampling: self.sampling.clone(),
+            ..GenerateOptions::default()
+        };
+        let mut llm = EngineLlm::new(engine, options);
+        let dir = RunDir::create(self.out)?;
+        let files = RunFiles {
+            dir: &dir,
+            fingerprint,
+            resume: self.resume,
+            stop_after: self.stop_after,
+            sampling: self.sampling.clone(),
+        };
+        self.spec
+            .run(&mut llm, &self.document.chunks, &files, progress)
+    }
+}
