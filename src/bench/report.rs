@@ -3,7 +3,7 @@
 //! index), and, when the sweep has several chunk sizes, one table per metric
 //! across them like its Figure 5.
 
-use super::results::{chunk_sizes, find, methods, Metric, Row};
+use super::results::{chunk_sizes, find, methods, Metric, Row, Scores};
 use serde_json::{Map, Value};
 use std::fmt::Write;
 
@@ -126,10 +126,14 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
     .filter(|(key, _)| rows.iter().any(|row| row.number(key).is_some()))
     .collect();
     // Quality columns only when `bench --quality` scored some run.
-    let quality: Vec<(&str, &str)> = [("coherence", "Coherence"), ("qa_f1", "QA-F1")]
-        .into_iter()
-        .filter(|(key, _)| rows.iter().any(|row| row.number(key).is_some()))
-        .collect();
+    type Score = fn(&Scores) -> Option<f64>;
+    let quality: Vec<(Score, &str)> = [
+        ((|scores: &Scores| scores.coherence) as Score, "Coherence"),
+        (|scores: &Scores| scores.qa_f1, "QA-F1"),
+    ]
+    .into_iter()
+    .filter(|(score, _)| rows.iter().any(|row| score(&row.scores).is_some()))
+    .collect();
     // Wall times of runs on different thread counts do not compare; say which is which.
     let mut thread_counts: Vec<usize> = rows.iter().map(|row| row.machine.engine_threads).collect();
     thread_counts.sort_unstable();
@@ -142,7 +146,8 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
         out.push_str(" Threads |");
     }
     out.push_str(" Calls | Summary tokens | Rep. 4-gram (%) | Echo (%) |");
-    for (_, title) in revisions.iter().chain(&quality) {
+    let titles = revisions.iter().map(|(_, title)| title);
+    for title in titles.chain(quality.iter().map(|(_, title)| title)) {
         let _ = write!(out, " {title} |");
     }
     out.push_str("\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
@@ -179,8 +184,8 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
         for (key, _) in &revisions {
             let _ = write!(out, " {} |", cell(row.number(key), 0));
         }
-        for (key, _) in &quality {
-            let _ = write!(out, " {} |", cell(row.number(key), 3));
+        for (score, _) in &quality {
+            let _ = write!(out, " {} |", cell(score(&row.scores), 3));
         }
         out.push('\n');
         shown.push(row);

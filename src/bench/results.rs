@@ -6,6 +6,32 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+/// What the judge of `bench --quality` made of a run's summary.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Scores {
+    /// The share of the summary's sentences the judge found clear (BooookScore).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coherence: Option<f64>,
+    /// Sentences whose verdict did not parse (counted as confusing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coherence_unparsed: Option<usize>,
+    /// Why the summary could not be judged for coherence (it had no sentences).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coherence_error: Option<String>,
+    /// Mean Correct-F1 of the questions answered from the summary alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qa_f1: Option<f64>,
+}
+
+impl Scores {
+    /// Whether the scores `--quality` adds are here: coherence (or why it is
+    /// missing), and QA-F1 when questions are asked this time.
+    pub fn complete(&self, with_questions: bool) -> bool {
+        (self.coherence.is_some() || self.coherence_error.is_some())
+            && (!with_questions || self.qa_f1.is_some())
+    }
+}
+
 /// One finished run of a sweep: where and how it ran, and its `stats.json`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -38,6 +64,9 @@ pub struct Row {
     pub run_dir: String,
     /// Fingerprint of the run's settings; a resumed sweep checks it.
     pub fingerprint: String,
+    /// What `--quality` found, when the run was judged.
+    #[serde(flatten)]
+    pub scores: Scores,
     /// Every field of the run's `stats.json`, whose `method` (the method's own
     /// label) is renamed `label` here, and any other field named like one of
     /// the row's own gets a `stats_` prefix.
@@ -48,7 +77,7 @@ pub struct Row {
 impl Row {
     /// The row's own fields, which flattened stats must not repeat: a JSON
     /// line with a key twice would not read back.
-    const FIELDS: [&'static str; 18] = [
+    const FIELDS: [&'static str; 20] = [
         "method",
         "chunk_tokens",
         "model",
@@ -66,6 +95,8 @@ impl Row {
         "fingerprint",
         "label",
         "coherence",
+        "coherence_unparsed",
+        "coherence_error",
         "qa_f1",
     ];
 
@@ -494,6 +525,21 @@ pub(crate) mod tests {
             stats: stats.as_object().cloned().unwrap_or_default(),
             ..Row::default()
         }
+    }
+
+    #[test]
+    fn judge_scores_read_back_from_a_flat_row() {
+        let line = r#"{"method":"whole","chunk_tokens":2000,"coherence":1.0,"qa_f1":0.207,"net_tokens":5}"#;
+        let row: Row = serde_json::from_str(line).unwrap();
+        assert_eq!(row.scores.coherence, Some(1.0));
+        assert_eq!(row.scores.qa_f1, Some(0.207));
+        assert!(row.scores.complete(true));
+        assert!(!row.stats.contains_key("qa_f1"), "{:?}", row.stats);
+        assert_eq!(row.number("net_tokens"), Some(5.0));
+        let back = serde_json::to_value(&row).unwrap();
+        assert_eq!(back["qa_f1"], 0.207);
+        assert!(back.get("coherence_error").is_none());
+        assert!(!Row::default().scores.complete(false));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! report.md and charts are rewritten after every run, so a paused or
 //! interrupted sweep still has a report and resumes where it stopped.
 
-use super::results::{self, Machine, Metric, Pending, Row};
+use super::results::{self, Machine, Metric, Pending, Row, Scores};
 use super::{charts, report};
 use crate::engine::device::DeviceChoice;
 use crate::engine::sampling::SamplingConfig;
@@ -214,18 +214,13 @@ pub fn run(
         let unjudged = plan
             .iter()
             .filter_map(|planned| finished(&rows, planned, out))
-            .filter(|&index| !is_judged(&rows[index], judging.questions.is_some()))
+            .filter(|&index| !rows[index].scores.complete(judging.questions.is_some()))
             .collect::<Vec<_>>();
         for index in unjudged {
             let judge = loaded_judge(&mut judge, judging)?;
             let run_dir = out.join(&rows[index].run_dir);
             progress.note(&format!("judging {}", run_dir.display()));
-            judge_summary(
-                judge,
-                &run_dir,
-                judging.questions.as_deref(),
-                &mut rows[index].stats,
-            )?;
+            rows[index].scores = judge_summary(judge, &run_dir, judging.questions.as_deref())?;
             bench.rewrite_jsonl(RESULTS, &rows)?;
             write_reports(&bench, &rows)?;
         }
@@ -258,18 +253,17 @@ pub fn run(
                 "stopped before finishing",
             ));
         };
-        let mut stats = Row::stats_from_json(to_map(&stats));
-        if let Some(judging) = &sweep.judging {
-            let judge = loaded_judge(&mut judge, judging)?;
-            progress.run_begins(&format!("judging {} ", planned.method.name));
-            judge_summary(judge, job.out, judging.questions.as_deref(), &mut stats)?;
-        }
-        let row = context.row(
+        let mut row = context.row(
             planned,
             &documents[planned.document],
             job.fingerprint(&engine.identity()),
-            stats,
+            Row::stats_from_json(to_map(&stats)),
         );
+        if let Some(judging) = &sweep.judging {
+            let judge = loaded_judge(&mut judge, judging)?;
+            progress.run_begins(&format!("judging {} ", planned.method.name));
+            row.scores = judge_summary(judge, job.out, judging.questions.as_deref())?;
+        }
         bench.append_jsonl(RESULTS, &row)?;
         rows.push(row);
         write_reports(&bench, &rows)?;
@@ -340,13 +334,6 @@ fn finished(rows: &[Row], planned: &Planned, out: &Path) -> Option<usize> {
         .join(RunDir::STATS)
         .is_file()
         .then_some(index)
-}
-
-/// Whether `row` holds the scores --quality adds (QA-F1 only when questions
-/// are given this time).
-fn is_judged(row: &Row, with_questions: bool) -> bool {
-    let has = |key: &str| row.stats.contains_key(key);
-    (has("coherence") || has("coherence_error")) && (!with_questions || has("qa_f1"))
 }
 
 /// A rough estimate of the `pending` runs' time, as a suffix for a progress line.
@@ -468,6 +455,7 @@ impl SweepContext {
             command: self.command.clone(),
             run_dir: planned.run_dir.clone(),
             fingerprint,
+            scores: Scores::default(),
             stats,
         }
     }
@@ -488,16 +476,15 @@ fn loaded_judge<'a>(judge: &'a mut Option<Engine>, judging: &Judging) -> Result<
     }
 }
 
-/// Score the summary in `run_dir` with `judge` and add the scores to `stats`:
-/// `coherence` and `coherence_unparsed`, and `qa_f1` when `questions` are
-/// given. A summary the judge cannot score (no sentences) is recorded as
-/// `coherence_error`, so one odd run does not stop the sweep.
+/// Score the summary in `run_dir` with `judge`: coherence, and QA-F1 when
+/// `questions` are given; the judges' reports go into the run directory as
+/// coherence.json and qa.json. A summary the judge cannot score (no
+/// sentences) gets a `coherence_error`, so one odd run does not stop the sweep.
 fn judge_summary(
     judge: &mut Engine,
     run_dir: &Path,
     questions: Option<&[QaPair]>,
-    stats: &mut Map<String, Value>,
-) -> Result<()> {
+) -> Result<Scores> {
     let dir = RunDir::create(run_dir)?;
     let summary_path = dir.file(RunDir::SUMMARY)?;
     let summary =
@@ -505,22 +492,21 @@ fn judge_summary(
     judge.clear_cache();
     let mut llm = EngineLlm::new(judge, GenerateOptions::default());
     let config = CoherenceConfig { constrained: true };
+    let mut scores = Scores::default();
     match score_coherence(&mut llm, &summary, &config, &mut |_, _| {}) {
         Ok(report) => {
-            stats.insert("coherence".into(), report.score.into());
-            stats.insert("coherence_unparsed".into(), report.unparsed.into());
+            scores.coherence = Some(report.score);
+            scores.coherence_unparsed = Some(report.unparsed);
             dir.write_json("coherence.json", &report)?;
         }
-        Err(err) => {
-            stats.insert("coherence_error".into(), err.to_string().into());
-        }
+        Err(err) => scores.coherence_error = Some(err.to_string()),
     }
     if let Some(questions) = questions {
         let score = score_summary(&mut llm, &summary, questions)?;
-        stats.insert("qa_f1".into(), score.correct_f1.into());
+        scores.qa_f1 = Some(score.correct_f1);
         dir.write_json("qa.json", &score)?;
     }
-    Ok(())
+    Ok(scores)
 }
 
 /// The short revision of prism's source tree and whether it has uncommitted

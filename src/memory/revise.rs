@@ -102,6 +102,7 @@ fn redundant(revision: &Revision, dropped: &Dropped) -> Refused {
     let (kind, why) = match dropped.why {
         Redundancy::Duplicate => (RefusalKind::Duplicate, "duplicate: the memory already says"),
         Redundancy::Echo => (RefusalKind::Echo, "echo: copied from the prompt or schema"),
+        Redundancy::Empty => (RefusalKind::Invalid, "empty: says nothing"),
     };
     Refused {
         revision: Some(render_revision(revision).trim_end().to_string()),

@@ -32,8 +32,9 @@ pub const ECHO_SHARE: f64 = 0.5;
 /// Word-set overlap with a string the memory holds at which a new string
 /// shows the model going round in circles (see [`Screen::goes_round`]).
 pub const LOOP_JACCARD: f64 = 0.5;
-/// Strings shorter than this (in words) are never near-duplicates or echoes:
-/// a name or a date may rightly recur.
+/// Strings shorter than this (in words) are never near-duplicates, and are
+/// echoes only when the whole of them is a phrase of the reference: a name
+/// or a date may rightly recur, but not a name lifted from a worked example.
 const MIN_WORDS: usize = 4;
 
 /// Why a value was screened out.
@@ -44,6 +45,8 @@ pub enum Redundancy {
     Duplicate,
     /// It copies the prompt's instructions, examples or schema.
     Echo,
+    /// It has no words: an empty or blank string says nothing.
+    Empty,
 }
 
 /// A value taken out of a revision, and why.
@@ -125,6 +128,15 @@ impl Screen {
                 dropped: Vec::new(),
             };
         }
+        if strings.iter().all(|text| words(text).is_empty()) {
+            return Screened {
+                kept: None,
+                dropped: vec![Dropped {
+                    text: strings.join(" / "),
+                    why: Redundancy::Empty,
+                }],
+            };
+        }
         if let Some(echo) = strings.iter().find(|text| self.is_echo(&words(text))) {
             return Screened {
                 kept: None,
@@ -195,7 +207,9 @@ impl Screen {
         for item in items {
             let text = item.as_str().expect("screen_list takes strings only");
             let item_words = words(text);
-            let why = if self.is_echo(&item_words) {
+            let why = if item_words.is_empty() {
+                Some(Redundancy::Empty)
+            } else if self.is_echo(&item_words) {
                 Some(Redundancy::Echo)
             } else if is_duplicate(&item_words, seen) {
                 Some(Redundancy::Duplicate)
@@ -231,22 +245,22 @@ impl Screen {
                 _ => None,
             };
             if let (None, Segment::Key(key)) = (next, segment) {
-                let key_words = words(key);
-                let copied = match key_words.len() {
-                    0 | 1 => false,
-                    2 | 3 => self.phrases.contains(&key_words.join(" ")),
-                    _ => self.is_echo(&key_words),
-                };
-                return copied.then(|| key.clone());
+                return self.is_echo(&words(key)).then(|| key.clone());
             }
             at = next;
         }
         None
     }
 
+    /// Whether `words` copy the reference: a phrase of two or three words
+    /// that stands in it whole, or a longer text at least [`ECHO_SHARE`] of
+    /// whose 4-grams do.
     fn is_echo(&self, words: &[String]) -> bool {
-        if words.len() < MIN_WORDS || self.reference.is_empty() {
+        if words.len() < 2 {
             return false;
+        }
+        if words.len() < MIN_WORDS {
+            return self.phrases.contains(&words.join(" "));
         }
         let grams = four_grams(words);
         let copied = grams
@@ -435,6 +449,38 @@ mod tests {
             .screen(&json!({"people": {}}), &one_word)
             .kept
             .is_some());
+    }
+
+    #[test]
+    fn a_short_note_lifted_whole_from_the_reference_is_an_echo() {
+        let screen = Screen::new(["Councillor Idris Fenn chaired the meeting."]);
+        let lifted = rev(Op::Add, "$.events", json!(["Councillor Idris Fenn,"]));
+        let out = screen.screen(&json!({}), &lifted);
+        assert_eq!(out.kept, None);
+        assert_eq!(out.dropped[0].why, Redundancy::Echo);
+        // Words of the reference in another order, or with a word of the
+        // document's own, are the document's.
+        let own = rev(
+            Op::Add,
+            "$.events",
+            json!(["Fenn Idris", "Councillor Fenn resigned"]),
+        );
+        assert_eq!(screen.screen(&json!({}), &own).kept, Some(own));
+    }
+
+    #[test]
+    fn blank_strings_say_nothing() {
+        let blank = rev(Op::Update, "$.people", json!({"events": [""]}));
+        let out = screen().screen(&json!({}), &blank);
+        assert_eq!(out.kept, None);
+        assert_eq!(out.dropped[0].why, Redundancy::Empty);
+        let list = rev(Op::Add, "$.events", json!(["  ", "The ladder broke."]));
+        let out = screen().screen(&json!({}), &list);
+        assert_eq!(
+            out.kept.map(|kept| kept.value),
+            Some(json!(["The ladder broke."]))
+        );
+        assert_eq!(out.dropped[0].why, Redundancy::Empty);
     }
 
     #[test]
