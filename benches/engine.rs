@@ -10,8 +10,8 @@
 
 use criterion::{criterion_group, criterion_main, Bencher, BenchmarkId, Criterion, Throughput};
 use prism::bench::engine::random_prompt;
-use prism::engine::source::{resolve, DEFAULT_MODEL};
 use prism::engine::{Engine, LoadOptions};
+use prism::models::{resolve, DEFAULT_MODEL};
 use std::time::{Duration, Instant};
 
 fn load() -> Option<Engine> {

@@ -15,6 +15,8 @@
 //! - [`engine`] loads a model and its tokenizer, keeps the KV caches of the last
 //!   token sequences it encoded, and for each new prompt computes only what follows
 //!   the longest common token prefix. Every call returns a [`engine::Usage`].
+//! - [`models`]: which file a model name means (manifests, paths, hub repo ids),
+//!   and fetching it.
 //! - [`metrics`] sums usages into a [`metrics::Ledger`] and derives cache hit rate,
 //!   net tokens and cost index from it, and how far a text repeats itself.
 //! - [`llm`]: the view of the engine every method and judge has (prompt in,
@@ -36,6 +38,7 @@ pub mod llm;
 pub mod memory;
 pub mod methods;
 pub mod metrics;
+pub mod models;
 pub mod qa;
 pub mod quality;
 pub mod run;

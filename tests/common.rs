@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 /// Path of a model file that `scripts/setup` fetched into the models directory.
 /// Panics with the command to run when it is missing: tests never download.
 pub fn fetched_model(file_name: &str) -> PathBuf {
-    let path = prism::engine::source::models_dir().join(file_name);
+    let path = prism::models::models_dir().join(file_name);
     assert!(
         path.is_file(),
         "{} is missing: run `scripts/setup` (or `prism models fetch`) before the tests",

