@@ -335,3 +335,43 @@ fn completions_cover_every_subcommand() {
     }
     assert_one_error_line(&run_prism(&["completions", "tcsh"]), "tcsh");
 }
+
+#[test]
+fn quiet_prints_results_and_nothing_on_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), TinyArch::Llama, 3);
+    let model = dir.path().to_str().unwrap();
+    let generate = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model", model, "--prompt", "w2 w3 w4"];
+        args.extend_from_slice(&["--max-tokens", "2", "--json"]);
+        args.extend_from_slice(extra);
+        run_prism(&args)
+    };
+    let (success, stdout, stderr) = generate(&[]);
+    assert!(success && !stderr.is_empty(), "{stderr}");
+    let (success, quiet_stdout, stderr) = generate(&["--quiet"]);
+    assert!(success, "{stderr}");
+    assert_eq!(stderr, "", "--quiet leaves stderr empty");
+    let text = |stdout: &str| -> serde_json::Value {
+        serde_json::from_str::<serde_json::Value>(stdout.lines().next().unwrap()).unwrap()["text"]
+            .clone()
+    };
+    assert_eq!(
+        text(&quiet_stdout),
+        text(&stdout),
+        "--quiet changes nothing on stdout"
+    );
+    // The flag is global: it may come before the subcommand too.
+    let (success, _, stderr) = run_prism(&[
+        "-q",
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        "w2",
+        "--max-tokens",
+        "1",
+    ]);
+    assert!(success && stderr.is_empty(), "{stderr}");
+    assert_one_error_line(&generate(&["-q", "-v"]), "cannot be used with");
+}

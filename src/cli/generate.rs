@@ -106,7 +106,7 @@ pub fn run(args: GenerateArgs, matches: &ArgMatches) -> Result<()> {
         };
         writeln!(stdout, "{}", serde_json::to_string(&total)?)?;
     } else {
-        eprintln!("total: {}", describe(&ledger.figures()));
+        note!("total: {}", describe(&ledger.figures()));
     }
     Ok(())
 }
@@ -129,7 +129,7 @@ fn print_call(
     } else {
         writeln!(out, "{}", generation.text)?;
         out.flush()?;
-        eprintln!("[call {call}] {}", describe(&figures));
+        note!("[call {call}] {}", describe(&figures));
     }
     Ok(())
 }

@@ -18,6 +18,16 @@ macro_rules! outln {
     }};
 }
 
+/// `eprintln!` for progress, figures and notes, which `--quiet` silences.
+/// Errors and warnings are printed whatever the flag.
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        if !$crate::cli::is_quiet() {
+            eprintln!($($arg)*);
+        }
+    }};
+}
+
 mod bench;
 mod bench_engine;
 mod generate;
@@ -34,7 +44,16 @@ use prism::engine::model::PrefillWeights;
 use prism::engine::sampling::SamplingConfig;
 use prism::engine::{Engine, LoadOptions};
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
+
+/// Set once from `--quiet` before any subcommand runs.
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// Whether `--quiet` asked for results and errors only.
+pub fn is_quiet() -> bool {
+    QUIET.load(Ordering::Relaxed)
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -45,6 +64,12 @@ use std::time::Instant;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Print only results and errors: no progress bars, figures or notes on stderr.
+    #[arg(long, short, global = true)]
+    quiet: bool,
+    /// Log more on stderr: -v info, -vv debug, -vvv trace (`PRISM_LOG` overrides).
+    #[arg(long, short, global = true, action = clap::ArgAction::Count, conflicts_with = "quiet")]
+    verbose: u8,
 }
 
 #[derive(Debug, Subcommand)]
@@ -77,7 +102,8 @@ pub fn run() -> Result<()> {
         .try_get_matches()
         .unwrap_or_else(|e| exit_on_usage(e));
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| exit_on_usage(e));
-    init_logging();
+    QUIET.store(cli.quiet, Ordering::Relaxed);
+    init_logging(cli.verbose);
     match cli.command {
         Command::Generate(args) => {
             let sub = matches
@@ -106,9 +132,15 @@ pub fn run() -> Result<()> {
     }
 }
 
-fn init_logging() {
+fn init_logging(verbose: u8) {
+    let level = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("PRISM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -236,7 +268,7 @@ impl EngineArgs {
         engine.set_prefix_cache(!self.no_prefix_cache);
         engine.set_cache_slots(usize::from(self.cache_slots));
         engine.set_cache_bytes(self.cache_bytes);
-        eprintln!(
+        note!(
             "loaded {} ({:?}, {} layers, context {}) in {:.1}s on {} thread(s)",
             engine.name(),
             engine.config().architecture,

@@ -40,7 +40,7 @@ pub fn run(args: ModelsArgs) -> Result<()> {
                     manifest.description
                 )?;
             }
-            eprintln!("models directory: {}", dir.display());
+            note!("models directory: {}", dir.display());
             Ok(())
         }
         ModelsCommand::Fetch { names } => {
@@ -52,7 +52,7 @@ pub fn run(args: ModelsArgs) -> Result<()> {
             for name in names {
                 let manifest = models::find_manifest(&name)
                     .ok_or_else(|| prism::Error::UnknownModel { name: name.clone() })?;
-                let path = models::fetch(&manifest, &mut |line| eprintln!("{line}"))?;
+                let path = models::fetch(&manifest, &mut |line| note!("{line}"))?;
                 outln!("{}", path.display())?;
             }
             Ok(())

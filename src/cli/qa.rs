@@ -89,7 +89,7 @@ fn generate(args: GenerateQaArgs) -> Result<()> {
         )
         .with_context(|| format!("chunk {}/{chunks}", chunk.index + 1))?;
         ledger.record(&generated.usage);
-        eprintln!(
+        note!(
             "chunk {}/{chunks}: {} of {count} pairs",
             chunk.index + 1,
             generated.pairs.len()
@@ -97,7 +97,7 @@ fn generate(args: GenerateQaArgs) -> Result<()> {
         pairs.extend(generated.pairs);
     }
     qa::write_pairs(&args.out, &pairs)?;
-    eprintln!(
+    note!(
         "{}: {} pairs from {chunks} chunk{}; {} calls, {}",
         args.out.display(),
         pairs.len(),
@@ -147,6 +147,6 @@ pub fn run_score_qa(args: ScoreQaArgs) -> Result<()> {
         score.correct_f1,
         score.questions.len()
     )?;
-    eprintln!("{} calls, {}", score.calls, describe(&score.figures));
+    note!("{} calls, {}", score.calls, describe(&score.figures));
     Ok(())
 }

@@ -87,7 +87,7 @@ fn run_generate(args: GenerateSchemaArgs) -> Result<()> {
     let generated = generate_schema(&mut llm, &request, &config)?;
     for (index, attempt) in generated.attempts.iter().enumerate() {
         if let Some(reason) = &attempt.refused {
-            eprintln!("attempt {} refused: {reason}", index + 1);
+            note!("attempt {} refused: {reason}", index + 1);
         }
     }
     let text = format!("{}\n", serde_json::to_string_pretty(&generated.schema)?);
@@ -95,7 +95,7 @@ fn run_generate(args: GenerateSchemaArgs) -> Result<()> {
         .with_context(|| format!("writing {}", out.display()))?;
     out!("{text}")?;
     let figures = &generated.figures;
-    eprintln!(
+    note!(
         "{}: schema accepted on attempt {} of {}; {} calls, prompt {} tokens, reused {}, net {}, output {}, cache hit {:.1}%",
         out.display(),
         generated.attempts.len(),

@@ -76,7 +76,11 @@ fn run_coherence(args: CoherenceArgs) -> Result<()> {
     };
     let judge_model = engine.name().to_string();
     let mut llm = EngineLlm::new(&mut engine, options);
-    let bar = ProgressBar::new(0);
+    let bar = if super::is_quiet() {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(0)
+    };
     bar.set_style(
         ProgressStyle::with_template(
             "{spinner} sentence {pos}/{len} [{bar:30}] elapsed {elapsed} eta {eta}",
@@ -114,7 +118,7 @@ fn run_coherence(args: CoherenceArgs) -> Result<()> {
         .score_parsed
         .map_or("n/a".to_string(), |score| format!("{score:.3}"));
     let judge = &report.judge;
-    eprintln!(
+    note!(
         "{}: coherence {:.3} ({} of {} sentences clean, {} confusing, {} unparsed; {parsed} over parsed verdicts); judge {judge_model}: {} calls, cache hit {:.1}%, net {} tokens, output {}, {:.0}s",
         args.summary.display(),
         report.score,

@@ -315,7 +315,7 @@ pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
     let read_tokens = args.first_tokens.map_or(tokens, |limit| limit.min(tokens));
     let chunk_tokens = spec.chunk_tokens(args.chunk_tokens, read_tokens)?;
     let document = Document::split(&engine, &text, tokens, chunk_tokens, args.first_tokens)?;
-    eprintln!(
+    note!(
         "{}: {} tokens; reading {} chunk{} of up to {} tokens",
         args.document.display(),
         document.tokens,
@@ -337,7 +337,7 @@ pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
     match outcome {
         Outcome::Finished { summary, stats } => {
             outln!("{summary}")?;
-            eprintln!(
+            note!(
                 "{}: {} calls, cache hit {:.1}%, net {} tokens, output {}, cost index {:.4}, summary {} tokens, {:.0}s",
                 args.out.display(),
                 stats.calls,
@@ -349,7 +349,7 @@ pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
                 stats.wall_seconds,
             );
         }
-        Outcome::Paused { completed } => eprintln!(
+        Outcome::Paused { completed } => note!(
             "{}: stopped after {completed} steps; continue with --resume",
             args.out.display(),
         ),
@@ -366,7 +366,11 @@ pub struct Bar {
 
 impl Bar {
     pub fn new(prefix: String) -> Self {
-        let bar = ProgressBar::new(0);
+        let bar = if super::is_quiet() {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new(0)
+        };
         bar.set_style(
             ProgressStyle::with_template(
                 "{spinner} {pos}/{len} [{bar:30}] {msg} elapsed {elapsed} eta {eta}",
@@ -410,6 +414,6 @@ impl SweepProgress for Bar {
     }
 
     fn note(&mut self, line: &str) {
-        self.bar.suspend(|| eprintln!("{line}"));
+        self.bar.suspend(|| note!("{line}"));
     }
 }
