@@ -131,7 +131,7 @@ fn incremental_compresses_a_reply_stopped_by_the_budget_even_on_a_full_stop() {
     let mut llm = ScriptedLlm::new(&[rambling, "The ship is in the ice."]);
     let (summary, stats, steps) = finish(&method, &mut llm, &chunks(1), dir.path());
     let steps: Vec<incremental::Step> = steps;
-    assert_eq!(steps[0].update.output_tokens, 60);
+    assert_eq!(steps[0].update.tokens.output_tokens, 60);
     assert_eq!(stats.extra["compressions"], 1);
     assert_eq!(steps[0].kept, Kept::Compression(0));
     assert_eq!(summary, "The ship is in the ice.");
@@ -345,7 +345,7 @@ fn recursive_detail_shows_the_earlier_summaries_as_a_growing_prefix() {
     assert_eq!(second[..3], third[..3]);
     assert!(third[3].contains("Two."));
     // The third call reuses the cached prefix up to the summaries before it.
-    assert!(steps[2].call.reused_tokens > steps[1].call.reused_tokens);
+    assert!(steps[2].call.tokens.reused_tokens > steps[1].call.tokens.reused_tokens);
 }
 
 #[test]

@@ -126,9 +126,9 @@ fn gu_text_rewrites_prose_and_refuses_an_empty_rewrite() {
             .map(|s| s.chars().count())
             .sum::<usize>();
     assert!(
-        run.steps[2].reused_tokens >= head,
+        run.steps[2].tokens.reused_tokens >= head,
         "{}",
-        run.steps[2].reused_tokens
+        run.steps[2].tokens.reused_tokens
     );
 }
 

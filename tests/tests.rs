@@ -9,6 +9,7 @@ mod common;
 mod constrained;
 mod cos;
 mod engine;
+mod layers;
 mod prism_loop;
 mod quality;
 mod repetition;

@@ -6,7 +6,7 @@
 use crate::chunk::Chunk;
 use crate::error::Result;
 use crate::llm::{Llm, Prompt};
-use crate::metrics::Figures;
+use crate::metrics::Tokens;
 use std::time::Instant;
 
 /// The system turn of every call, the same for all three methods, so
@@ -26,10 +26,8 @@ pub fn words_for(tokens: usize) -> usize {
 /// One model call, as a step records it.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Call {
-    pub prompt_tokens: usize,
-    pub reused_tokens: usize,
-    pub net_tokens: usize,
-    pub output_tokens: usize,
+    #[serde(flatten)]
+    pub tokens: Tokens,
     /// The most tokens the call could generate.
     pub max_tokens: usize,
     /// What the model wrote, verbatim.
@@ -42,12 +40,8 @@ impl Call {
     pub fn run(llm: &mut dyn Llm, prompt: &Prompt, max_tokens: usize) -> Result<Call> {
         let start = Instant::now();
         let completion = llm.complete(prompt, max_tokens, None)?;
-        let figures = Figures::of(&completion.usage);
         Ok(Call {
-            prompt_tokens: figures.prompt_tokens,
-            reused_tokens: figures.reused_tokens,
-            net_tokens: figures.net_tokens,
-            output_tokens: figures.output_tokens,
+            tokens: Tokens::of(&completion.usage),
             max_tokens,
             output: completion.text,
             seconds: start.elapsed().as_secs_f64(),
@@ -57,7 +51,7 @@ impl Call {
     /// The call generated all the tokens it was allowed, so the model was
     /// likely stopped by the budget rather than finishing on its own.
     pub fn filled_budget(&self) -> bool {
-        self.output_tokens >= self.max_tokens
+        self.tokens.output_tokens >= self.max_tokens
     }
 
     /// The summary the call wrote, without surrounding whitespace.

@@ -48,10 +48,9 @@
 //! show what that saves.
 
 use crate::chunk::Chunk;
-use crate::engine::Usage;
 use crate::error::{Error, Result};
 use crate::llm::{Llm, Prompt};
-use crate::metrics::Figures;
+use crate::metrics::{Ledger, Tokens};
 use crate::qa::f1::mean_f1;
 use crate::qa::{self, Answered, QaPair};
 use crate::run::{blank_chunk, prompt_texts, Advance, Finish, Method, Position};
@@ -256,10 +255,8 @@ pub struct Step {
     #[serde(flatten)]
     pub work: Work,
     pub calls: usize,
-    pub prompt_tokens: usize,
-    pub reused_tokens: usize,
-    pub net_tokens: usize,
-    pub output_tokens: usize,
+    #[serde(flatten)]
+    pub tokens: Tokens,
     pub seconds: f64,
 }
 
@@ -405,7 +402,7 @@ impl<'a> Cos<'a> {
         state: &mut CosState,
         chunks: &[Chunk],
         index: usize,
-        calls: &mut Calls,
+        calls: &mut Ledger,
     ) -> Result<Work> {
         let chunk = &chunks[index];
         let count = qa::spread(self.config.qa_pairs, chunks.len())[index];
@@ -417,14 +414,14 @@ impl<'a> Cos<'a> {
                 count,
                 self.config.constrained,
             )?;
-            calls.add(&generated.usage);
+            calls.record(&generated.usage);
             (generated.pairs, generated.output)
         } else {
             (Vec::new(), String::new())
         };
         let prompt = self.thesis_prompt(chunk, &state.draft);
         let completion = llm.complete(&prompt, self.config.summary_tokens, None)?;
-        calls.add(&completion.usage);
+        calls.record(&completion.usage);
         let summary = clean_summary(&completion.text);
         if !summary.is_empty() {
             state.draft = summary;
@@ -455,7 +452,7 @@ impl<'a> Cos<'a> {
         state: &mut CosState,
         candidate: usize,
         part: Part,
-        calls: &mut Calls,
+        calls: &mut Ledger,
     ) -> Result<Work> {
         let questions = state.split.part(part).to_vec();
         let start = state.answers.len();
@@ -466,7 +463,7 @@ impl<'a> Cos<'a> {
             let pair = &state.pairs[index];
             let prompt = qa::answer_prompt(&summary, &pair.question);
             let (answered, usage) = qa::ask(llm, &prompt, pair)?;
-            calls.add(&usage);
+            calls.record(&usage);
             answers.push(answered);
         }
         state.answers.extend(answers.iter().cloned());
@@ -490,7 +487,7 @@ impl<'a> Cos<'a> {
         llm: &mut dyn Llm,
         state: &mut CosState,
         chunks: &[Chunk],
-        calls: &mut Calls,
+        calls: &mut Ledger,
     ) -> Result<Work> {
         let from = state.candidates.len() - 1;
         let train_f1s = state.candidates[from].train_f1s.clone().unwrap_or_default();
@@ -514,7 +511,7 @@ impl<'a> Cos<'a> {
             })?;
             let prompt = self.refine_prompt(chunk, &summary, questions);
             let completion = llm.complete(&prompt, self.config.summary_tokens, None)?;
-            calls.add(&completion.usage);
+            calls.record(&completion.usage);
             state.refine.calls += 1;
             state.refine.prompt_tokens += completion.usage.prompt_tokens;
             state.refine.reused_tokens += completion.usage.reused_tokens;
@@ -640,20 +637,6 @@ fn chosen(state: &CosState) -> usize {
     select(&scores).unwrap_or(0)
 }
 
-/// The usage of the calls one unit made.
-#[derive(Default)]
-struct Calls {
-    count: usize,
-    usage: Usage,
-}
-
-impl Calls {
-    fn add(&mut self, usage: &Usage) {
-        self.count += 1;
-        self.usage += usage;
-    }
-}
-
 /// The summary in a reply, without a heading ("Updated summary:", "# Summary")
 /// that a model may open with.
 fn clean_summary(reply: &str) -> String {
@@ -744,7 +727,7 @@ impl Method for Cos<'_> {
     ) -> Result<Advance<Step>> {
         let start = Instant::now();
         let stage = self.position(state, chunks).stage;
-        let mut calls = Calls::default();
+        let mut calls = Ledger::default();
         let work = match self.next_action(state, chunks) {
             Action::Read(index) => self.read(llm, state, chunks, index, &mut calls)?,
             Action::Answer { candidate, part } => {
@@ -754,15 +737,11 @@ impl Method for Cos<'_> {
             Action::Finish => return Ok(Advance::Done(self.finish(state))),
         };
         state.units_done += 1;
-        let figures = Figures::of(&calls.usage);
         Ok(Advance::Step(Step {
             stage,
             work,
-            calls: calls.count,
-            prompt_tokens: figures.prompt_tokens,
-            reused_tokens: figures.reused_tokens,
-            net_tokens: figures.net_tokens,
-            output_tokens: figures.output_tokens,
+            calls: calls.calls,
+            tokens: Tokens::of(&calls.usage),
             seconds: start.elapsed().as_secs_f64(),
         }))
     }

@@ -50,6 +50,28 @@ fn ratio(numerator: f64, denominator: f64) -> f64 {
     }
 }
 
+/// The token counts of one step or call, as `steps.jsonl` records them
+/// (flattened into each step's line).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Tokens {
+    pub prompt_tokens: usize,
+    pub reused_tokens: usize,
+    /// Prompt tokens actually computed: prompt − reused.
+    pub net_tokens: usize,
+    pub output_tokens: usize,
+}
+
+impl Tokens {
+    pub fn of(usage: &Usage) -> Self {
+        Tokens {
+            prompt_tokens: usage.prompt_tokens,
+            reused_tokens: usage.reused_tokens,
+            net_tokens: usage.prompt_tokens - usage.reused_tokens,
+            output_tokens: usage.output_tokens,
+        }
+    }
+}
+
 /// The running total of every engine call of a run.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Ledger {
@@ -71,6 +93,26 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_read_back_from_a_flat_step_line() {
+        #[derive(serde::Deserialize)]
+        struct Step {
+            chunk: usize,
+            #[serde(flatten)]
+            tokens: Tokens,
+        }
+        let line = r#"{"chunk":3,"prompt_tokens":100,"reused_tokens":60,"net_tokens":40,"output_tokens":7}"#;
+        let step: Step = serde_json::from_str(line).unwrap();
+        assert_eq!(step.chunk, 3);
+        let usage = Usage {
+            prompt_tokens: 100,
+            reused_tokens: 60,
+            output_tokens: 7,
+            ..Usage::default()
+        };
+        assert_eq!(step.tokens, Tokens::of(&usage));
+    }
 
     #[test]
     fn figures_match_hand_worked_numbers() {

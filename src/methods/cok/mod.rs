@@ -30,7 +30,7 @@ use crate::llm::{Completion, Llm, Prompt};
 use crate::memory::grammar::memory_json_schema;
 use crate::memory::revise::Refused;
 use crate::memory::{parse_memory, render_in_place, Revision, Schema};
-use crate::metrics::Figures;
+use crate::metrics::Tokens;
 use crate::run::dir::RunDir;
 use crate::run::{prompt_texts, Advance, Finish, Method, Position};
 use chain::KeyChain;
@@ -150,10 +150,8 @@ pub struct Step {
     /// The chunk the call read, if it read one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunk: Option<usize>,
-    pub prompt_tokens: usize,
-    pub reused_tokens: usize,
-    pub net_tokens: usize,
-    pub output_tokens: usize,
+    #[serde(flatten)]
+    pub tokens: Tokens,
     /// Tokens of the rendered memory after the call.
     pub memory_tokens: usize,
     /// Why the output was refused whole, leaving the memory as it was.
@@ -175,14 +173,10 @@ pub struct Step {
 
 impl Step {
     fn of(call: Call, chunk: Option<usize>, completion: &Completion) -> Self {
-        let figures = Figures::of(&completion.usage);
         Step {
             call,
             chunk,
-            prompt_tokens: figures.prompt_tokens,
-            reused_tokens: figures.reused_tokens,
-            net_tokens: figures.net_tokens,
-            output_tokens: figures.output_tokens,
+            tokens: Tokens::of(&completion.usage),
             memory_tokens: 0,
             refused: None,
             chain: None,

@@ -24,7 +24,7 @@ use crate::llm::{Llm, Prompt};
 use crate::memory::grammar::{binds_a_limit, revision_grammar, MAX_LINES};
 use crate::memory::revise::{apply_revisions, RefusalKind, Refused};
 use crate::memory::{parse_revisions, render_in_place, Amendments, Revision, Schema, Screen};
-use crate::metrics::Figures;
+use crate::metrics::Tokens;
 use crate::run::dir::RunDir;
 use crate::run::{Advance, Finish, Method, Position};
 use prompt::{
@@ -66,10 +66,8 @@ pub struct PrismConfig {
 pub struct Step {
     pub chunk: usize,
     pub chunk_tokens: usize,
-    pub prompt_tokens: usize,
-    pub reused_tokens: usize,
-    pub net_tokens: usize,
-    pub output_tokens: usize,
+    #[serde(flatten)]
+    pub tokens: Tokens,
     pub applied: Vec<Revision>,
     pub rejected: Vec<Refused>,
     /// The amendments were folded into one object before this step's prompt,
@@ -254,14 +252,10 @@ impl<'a> Prism<'a> {
             }
         }
         state.revisions_capped += usize::from(capped);
-        let figures = Figures::of(&completion.usage);
         Ok(Step {
             chunk: chunk.index,
             chunk_tokens: chunk.tokens,
-            prompt_tokens: figures.prompt_tokens,
-            reused_tokens: figures.reused_tokens,
-            net_tokens: figures.net_tokens,
-            output_tokens: figures.output_tokens,
+            tokens: Tokens::of(&completion.usage),
             applied,
             rejected,
             consolidated,
