@@ -22,6 +22,7 @@ use serde_json::Value;
 
 use super::path::Segment;
 use super::revision::{Op, Revision};
+use crate::sentences::split_sentences;
 
 /// Word-set overlap (intersection over union) at which two strings count as
 /// the same entry worded slightly differently.
@@ -137,7 +138,7 @@ impl Screen {
                 }],
             };
         }
-        if let Some(echo) = strings.iter().find(|text| self.is_echo(&words(text))) {
+        if let Some(echo) = strings.iter().find(|text| self.echoes(text)) {
             return Screened {
                 kept: None,
                 dropped: vec![Dropped {
@@ -209,7 +210,7 @@ impl Screen {
             let item_words = words(text);
             let why = if item_words.is_empty() {
                 Some(Redundancy::Empty)
-            } else if self.is_echo(&item_words) {
+            } else if self.echoes(text) {
                 Some(Redundancy::Echo)
             } else if is_duplicate(&item_words, seen) {
                 Some(Redundancy::Duplicate)
@@ -250,6 +251,21 @@ impl Screen {
             at = next;
         }
         None
+    }
+
+    /// Whether `text` copies the reference, whole or in one of its sentences:
+    /// a note that opens with a worked example's sentence and goes on in its
+    /// own words is still a copy.
+    fn echoes(&self, text: &str) -> bool {
+        if self.is_echo(&words(text)) {
+            return true;
+        }
+        let sentences = split_sentences(text);
+        sentences.len() > 1
+            && sentences.iter().any(|sentence| {
+                let words = words(sentence);
+                words.len() >= MIN_WORDS && self.is_echo(&words)
+            })
     }
 
     /// Whether `words` copy the reference: a phrase of two or three words
@@ -466,6 +482,21 @@ mod tests {
             json!(["Fenn Idris", "Councillor Fenn resigned"]),
         );
         assert_eq!(screen.screen(&json!({}), &own).kept, Some(own));
+    }
+
+    #[test]
+    fn a_note_that_opens_with_a_copied_sentence_is_an_echo() {
+        let screen =
+            Screen::new(["Councillor Idris Fenn reported that March storms had raised the cost."]);
+        let note = "Councillor Idris Fenn reported that March storms had raised the cost. \
+                    The damage reached the coast of the North Sea and the harbour of Marble Bay.";
+        let out = screen.screen(&json!({}), &rev(Op::Add, "$.events", json!([note])));
+        assert_eq!(out.kept, None);
+        assert_eq!(out.dropped[0].why, Redundancy::Echo);
+        // One sentence of the document's own beside it is kept.
+        let own = "The keeper lit the lamp at dusk. The fog came down at night and stayed.";
+        let out = screen.screen(&json!({}), &rev(Op::Add, "$.events", json!([own])));
+        assert!(out.kept.is_some());
     }
 
     #[test]
