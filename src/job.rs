@@ -27,9 +27,12 @@ pub struct Document {
 }
 
 impl Document {
-    /// Tokens of the whole of `text` by `engine`'s tokenizer.
-    pub fn count(engine: &Engine, text: &str) -> Result<usize> {
-        Ok(engine.tokenizer().encode(text)?.len())
+    /// Tokens of the whole of `text` (read from `path`) by `engine`'s tokenizer.
+    pub fn count(engine: &Engine, path: &Path, text: &str) -> Result<usize> {
+        let ids = engine.tokenizer().encode(text).map_err(|err| {
+            Error::invalid(format!("tokenizing {}", path.display()), err.to_string())
+        })?;
+        Ok(ids.len())
     }
 
     /// Split `text`, of `tokens` tokens as [`Document::count`] gave them, into

@@ -146,7 +146,7 @@ pub fn run(
 ) -> Result<SweepOutcome> {
     sweep.validate()?;
     let out = sweep.out.as_path();
-    let document_tokens = Document::count(engine, &sweep.text)?;
+    let document_tokens = Document::count(engine, &sweep.document, &sweep.text)?;
     let bench = RunDir::create(out)?;
     let mut rows: Vec<Row> = bench.read_jsonl(RESULTS)?;
     write_reports(&bench, &rows)?;

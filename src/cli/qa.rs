@@ -65,8 +65,7 @@ fn generate(args: GenerateQaArgs) -> Result<()> {
     let sampling = args.sampling.config(SamplingConfig::default())?;
     let text = args.document_limit.read(&args.document)?;
     let mut engine = args.engine.load()?;
-    let tokens = Document::count(&engine, &text)
-        .with_context(|| format!("tokenizing {}", args.document.display()))?;
+    let tokens = Document::count(&engine, &args.document, &text)?;
     let document = Document::split(&engine, &text, tokens, args.chunk_tokens, args.first_tokens)?;
     let options = GenerateOptions {
         sampling,

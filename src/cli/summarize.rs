@@ -310,8 +310,7 @@ pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
     }
     let text = args.document_limit.read(&args.document)?;
     let mut engine = args.engine.load()?;
-    let tokens = Document::count(&engine, &text)
-        .with_context(|| format!("tokenizing {}", args.document.display()))?;
+    let tokens = Document::count(&engine, &args.document, &text)?;
     let read_tokens = args.first_tokens.map_or(tokens, |limit| limit.min(tokens));
     let chunk_tokens = spec.chunk_tokens(args.chunk_tokens, read_tokens)?;
     let document = Document::split(&engine, &text, tokens, chunk_tokens, args.first_tokens)?;

@@ -27,12 +27,17 @@ pub struct Figures {
 
 impl Figures {
     pub fn of(usage: &Usage) -> Self {
-        let net_tokens = usage.prompt_tokens - usage.reused_tokens;
-        Figures {
-            prompt_tokens: usage.prompt_tokens,
-            reused_tokens: usage.reused_tokens,
+        let Tokens {
+            prompt_tokens,
+            reused_tokens,
             net_tokens,
-            output_tokens: usage.output_tokens,
+            output_tokens,
+        } = Tokens::of(usage);
+        Figures {
+            prompt_tokens,
+            reused_tokens,
+            net_tokens,
+            output_tokens,
             cache_hit_rate: ratio(usage.reused_tokens as f64, usage.prompt_tokens as f64),
             cost_index: (net_tokens as f64 + 3.0 * usage.output_tokens as f64) / 1e6,
             prefill_tokens_per_second: ratio(net_tokens as f64, usage.prefill_seconds),
