@@ -11,7 +11,7 @@ use crate::engine::sampling::SamplingConfig;
 use crate::engine::{Engine, EngineIdentity, GenerateOptions};
 use crate::error::{Error, Result};
 use crate::llm::EngineLlm;
-use crate::methods::MethodSpec;
+use crate::methods::{MethodFigures, MethodSpec};
 use crate::run::dir::{fingerprint, RunDir};
 use crate::run::{Outcome, Progress, RunFiles};
 use sha2::{Digest, Sha256};
@@ -116,7 +116,11 @@ impl Job<'_> {
         })
     }
 
-    pub fn run(&self, engine: &mut Engine, progress: &mut dyn Progress) -> Result<Outcome> {
+    pub fn run(
+        &self,
+        engine: &mut Engine,
+        progress: &mut dyn Progress,
+    ) -> Result<Outcome<MethodFigures>> {
         let fingerprint = self.fingerprint(&engine.identity());
         let options = GenerateOptions {
             sampling: self.sampling.clone(),

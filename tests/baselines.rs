@@ -33,7 +33,7 @@ fn finish<M: Method>(
     llm: &mut dyn Llm,
     chunks: &[Chunk],
     dir: &std::path::Path,
-) -> (String, Stats, Vec<M::Step>) {
+) -> (String, Stats<M::Figures>, Vec<M::Step>) {
     let run_dir = RunDir::create(dir).unwrap();
     let files = scripted_files(&run_dir, false, None);
     let Outcome::Finished { summary, stats } =
@@ -47,10 +47,10 @@ fn finish<M: Method>(
     );
     let saved: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("stats.json")).unwrap()).unwrap();
-    assert_eq!(saved["calls"], stats.calls);
+    assert_eq!(saved["calls"], stats.run.calls);
     assert_eq!(saved["method"], stats.method);
     let steps = run_dir.read_jsonl(RunDir::STEPS).unwrap();
-    assert_eq!(steps.len(), stats.steps);
+    assert_eq!(steps.len(), stats.run.steps);
     (summary, stats, steps)
 }
 
@@ -74,10 +74,13 @@ fn incremental_updates_the_summary_with_each_chunk() {
     let (summary, stats, steps) = finish(&method, &mut llm, &chunks(3), dir.path());
     let steps: Vec<incremental::Step> = steps;
     assert_eq!(summary, "The ship sails north into ice.");
-    assert_eq!((stats.calls, stats.steps, stats.chunks), (3, 3, 3));
+    assert_eq!(
+        (stats.run.calls, stats.run.steps, stats.run.chunks),
+        (3, 3, 3)
+    );
     assert_eq!(stats.method, "incremental");
-    assert_eq!(stats.extra["compressions"], 0);
-    assert_eq!(stats.extra["compression_failures"], 0);
+    assert_eq!(stats.method_figures.compressions, 0);
+    assert_eq!(stats.method_figures.compression_failures, 0);
     assert!(steps.iter().all(|step| step.kept == Kept::Update));
     // Instructions, then the summary so far, then the chunk.
     let segments = &llm.prompts[2].segments;
@@ -105,9 +108,9 @@ fn incremental_compresses_a_summary_too_long_or_cut_off() {
     let (summary, stats, steps) = finish(&method, &mut llm, &chunks(3), dir.path());
     let steps: Vec<incremental::Step> = steps;
     assert_eq!(summary, "The ship is trapped in the ice.");
-    assert_eq!((stats.calls, stats.steps), (6, 3));
-    assert_eq!(stats.extra["compressions"], 3);
-    assert_eq!(stats.extra["compression_failures"], 0);
+    assert_eq!((stats.run.calls, stats.run.steps), (6, 3));
+    assert_eq!(stats.method_figures.compressions, 3);
+    assert_eq!(stats.method_figures.compression_failures, 0);
     assert_eq!(steps[1].compressions.len(), 2);
     assert_eq!(steps[1].kept, Kept::Compression(1));
     assert_eq!(steps[2].kept, Kept::Compression(0));
@@ -132,7 +135,7 @@ fn incremental_compresses_a_reply_stopped_by_the_budget_even_on_a_full_stop() {
     let (summary, stats, steps) = finish(&method, &mut llm, &chunks(1), dir.path());
     let steps: Vec<incremental::Step> = steps;
     assert_eq!(steps[0].update.tokens.output_tokens, 60);
-    assert_eq!(stats.extra["compressions"], 1);
+    assert_eq!(stats.method_figures.compressions, 1);
     assert_eq!(steps[0].kept, Kept::Compression(0));
     assert_eq!(summary, "The ship is in the ice.");
 }
@@ -150,9 +153,9 @@ fn incremental_keeps_the_best_attempt_when_every_compression_fails() {
     ]);
     let (summary, stats, steps) = finish(&method, &mut llm, &chunks(1), dir.path());
     let steps: Vec<incremental::Step> = steps;
-    assert_eq!(stats.calls, 4);
-    assert_eq!(stats.extra["compressions"], 3);
-    assert_eq!(stats.extra["compression_failures"], 1);
+    assert_eq!(stats.run.calls, 4);
+    assert_eq!(stats.method_figures.compressions, 3);
+    assert_eq!(stats.method_figures.compression_failures, 1);
     assert!(steps[0].failed);
     // Within budget but cut off beats too long; an empty answer is worst.
     assert_eq!(steps[0].kept, Kept::Compression(1));
@@ -168,7 +171,7 @@ fn incremental_keeps_the_previous_summary_when_an_update_is_empty() {
     let (summary, stats, steps) = finish(&method, &mut llm, &chunks(2), dir.path());
     let steps: Vec<incremental::Step> = steps;
     assert_eq!(summary, "The ship sails.");
-    assert_eq!(stats.calls, 2);
+    assert_eq!(stats.run.calls, 2);
     assert_eq!(steps[1].kept, Kept::Previous);
 }
 
@@ -188,8 +191,8 @@ fn hierarchical_merges_what_fits_in_one_call() {
     let (summary, stats, steps) = finish(&method, &mut llm, &chunks(3), dir.path());
     let steps: Vec<hierarchical::Step> = steps;
     assert_eq!(summary, "All of it.");
-    assert_eq!((stats.calls, stats.steps), (4, 4));
-    assert_eq!(stats.extra["levels"], 2);
+    assert_eq!((stats.run.calls, stats.run.steps), (4, 4));
+    assert_eq!(stats.method_figures.levels, 2);
     // Two levels expected: the chunks get 0.65 of the top budget, the merge all of it.
     assert!(steps[..3]
         .iter()
@@ -209,7 +212,7 @@ fn hierarchical_of_one_chunk_is_its_summary() {
     let (summary, stats, steps) = finish(&method, &mut llm, &chunks(1), dir.path());
     let steps: Vec<hierarchical::Step> = steps;
     assert_eq!(summary, "Only this.");
-    assert_eq!(stats.calls, 1);
+    assert_eq!(stats.run.calls, 1);
     assert_eq!(steps[0].call.max_tokens, 900);
 }
 
@@ -258,9 +261,9 @@ fn hierarchical_merges_level_by_level_within_the_context() {
     };
     let (summary, stats, steps) = finish(&method, &mut llm, &chunks(12), dir.path());
     let steps: Vec<hierarchical::Step> = steps;
-    assert_eq!(summary, format!("Summary {}.", stats.calls));
-    assert_eq!(stats.calls, stats.steps);
-    let levels = stats.extra["levels"].as_u64().unwrap() as usize;
+    assert_eq!(summary, format!("Summary {}.", stats.run.calls));
+    assert_eq!(stats.run.calls, stats.run.steps);
+    let levels = stats.method_figures.levels;
     assert!(levels >= 3, "{levels} levels");
     // Each level's merges cover the level below in order, one run after another;
     // a merge after the first of its level sees the one before it.
@@ -324,7 +327,7 @@ fn detail_joins_the_chunk_summaries() {
     let (summary, stats, steps) = finish(&method, &mut llm, &chunks(3), dir.path());
     let steps: Vec<detail::Step> = steps;
     assert_eq!(summary, "One.\n\nTwo.\n\nThree.");
-    assert_eq!((stats.calls, stats.steps), (3, 3));
+    assert_eq!((stats.run.calls, stats.run.steps), (3, 3));
     assert_eq!(stats.method, "detail");
     assert!(steps.iter().all(|step| step.earlier == 0));
     assert!(!llm.prompts[2].segments.join("").contains("One."));
@@ -444,8 +447,8 @@ fn assert_resume_gives_the_same(
     };
     assert_eq!(again, summary);
     assert_eq!(
-        (stats_again.calls, stats_again.steps),
-        (stats.calls, stats.steps)
+        (stats_again.run.calls, stats_again.run.steps),
+        (stats.run.calls, stats.run.steps)
     );
     assert_eq!(
         std::fs::read_to_string(whole.path().join("steps.jsonl"))
@@ -513,7 +516,10 @@ fn whole_summarizes_every_chunk_in_one_call() {
     let (summary, stats, steps) = finish(&Whole::new(&config), &mut llm, &chunks, dir.path());
     let steps: Vec<prism::methods::whole::Step> = steps;
     assert_eq!(summary, "The ship sails north with its crew.");
-    assert_eq!((stats.calls, stats.steps, stats.chunks), (1, 1, 3));
+    assert_eq!(
+        (stats.run.calls, stats.run.steps, stats.run.chunks),
+        (1, 1, 3)
+    );
     assert_eq!(stats.method, "whole");
     assert_eq!(llm.prompts.len(), 1);
     // The chunks in order, a blank line between two, then the query.
@@ -573,22 +579,25 @@ fn stats_json_reports_repeats_echoes_and_sampling() {
     let mut llm = ScriptedLlm::new(&[reply]);
     let (_, stats, _) = finish(&Whole::new(&config), &mut llm, &chunks(2), dir.path());
     assert!(
-        (stats.echo_share - 1.0 / 3.0).abs() < 1e-12,
-        "{}",
-        stats.echo_share
+        (stats.run.echo_share.unwrap() - 1.0 / 3.0).abs() < 1e-12,
+        "{:?}",
+        stats.run.echo_share
     );
     // 17 words, 14 4-grams, of which "the ship sails north" and "ship sails
     // north today" occur twice each: 4 of 14 repeated.
     assert!(
-        (stats.repeated_ngram_share - 4.0 / 14.0).abs() < 1e-12,
-        "{}",
-        stats.repeated_ngram_share
+        (stats.run.repeated_ngram_share.unwrap() - 4.0 / 14.0).abs() < 1e-12,
+        "{:?}",
+        stats.run.repeated_ngram_share
     );
     let saved: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("stats.json")).unwrap())
             .unwrap();
-    assert_eq!(saved["echo_share"], stats.echo_share);
-    assert_eq!(saved["repeated_ngram_share"], stats.repeated_ngram_share);
+    assert_eq!(saved["echo_share"], stats.run.echo_share.unwrap());
+    assert_eq!(
+        saved["repeated_ngram_share"],
+        stats.run.repeated_ngram_share.unwrap()
+    );
     assert_eq!(saved["sampling"]["temperature"], 0.0);
 }
 

@@ -380,3 +380,43 @@ fn detail_runs_in_a_sweep_under_the_sweep_chunk_size() {
     assert_eq!(rows[1]["run_dir"], "runs/detail-40");
     assert!(chunks(&rows[1]) > chunks(&rows[0]), "{rows:?}");
 }
+
+/// Every results file committed under `results/` reads as typed rows, the
+/// figures of today's methods as their own types, and writes back as the same
+/// JSON: a report rebuilt by this version loses nothing that was recorded.
+#[test]
+fn committed_results_read_as_typed_rows_and_write_back_unchanged() {
+    use prism::bench::results::Row;
+    use prism::methods::MethodFigures;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
+    let mut files = Vec::new();
+    let mut dirs = vec![root];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.file_name().is_some_and(|name| name == "results.jsonl") {
+                files.push(path);
+            }
+        }
+    }
+    assert!(!files.is_empty(), "no committed results found");
+    let mut typed = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for line in text.lines().filter(|line| !line.trim().is_empty()) {
+            let row: Row = serde_json::from_str(line)
+                .unwrap_or_else(|error| panic!("{}: {error}", file.display()));
+            typed += usize::from(!matches!(row.method_figures, MethodFigures::Recorded(_)));
+            let recorded: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(
+                serde_json::to_value(&row).unwrap(),
+                recorded,
+                "{}",
+                file.display()
+            );
+        }
+    }
+    assert!(typed > 0, "no committed row read as today's figures");
+}

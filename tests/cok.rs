@@ -11,7 +11,7 @@ use prism::engine::{Engine, GenerateOptions, LoadOptions};
 use prism::memory::grammar::memory_json_schema;
 use prism::memory::Schema;
 use prism::methods::cok::chain::{chain_grammar, memory_keys, parse_chain};
-use prism::methods::cok::{Call, Cok, CokConfig, Step, Variant};
+use prism::methods::cok::{Call, Cok, CokConfig, CokFigures, Step, Variant};
 use prism::run::dir::RunDir;
 use prism::run::{drive, NoProgress, Outcome, Stats};
 use serde_json::{json, Value};
@@ -40,7 +40,7 @@ fn chunks() -> Vec<Chunk> {
 
 /// What one session of a run left behind.
 struct Run {
-    outcome: Outcome,
+    outcome: Outcome<CokFigures>,
     steps: Vec<Step>,
     llm: ScriptedLlm,
 }
@@ -72,7 +72,7 @@ fn run_all(variant: Variant, config: &CokConfig, replies: &[&str], dir: &Path) -
     session(variant, config, replies, dir, false, None)
 }
 
-fn finished(outcome: &Outcome) -> (&str, &Stats) {
+fn finished(outcome: &Outcome<CokFigures>) -> (&str, &Stats<CokFigures>) {
     match outcome {
         Outcome::Finished { summary, stats } => (summary, stats),
         Outcome::Paused { .. } => panic!("the run should finish"),
@@ -101,9 +101,9 @@ fn gu_text_rewrites_prose_and_refuses_an_empty_rewrite() {
     let (summary, stats) = finished(&run.outcome);
     assert_eq!(summary, GU_TEXT[3]);
     assert_eq!(stats.method, "gu-text");
-    assert_eq!(stats.extra["updates_rejected"], 1);
-    assert_eq!(stats.extra["compressions"], 0);
-    assert_eq!(stats.calls, 4);
+    assert_eq!(stats.method_figures.updates_rejected, Some(1));
+    assert_eq!(stats.method_figures.compressions, 0);
+    assert_eq!(stats.run.calls, 4);
     assert_eq!(calls(&run.steps), [Call::Update; 3]);
     assert!(run.steps[1].refused.as_ref().unwrap().contains("empty"));
     assert_eq!(memory_file(dir.path()), json!(GU_TEXT[2]));
@@ -145,7 +145,7 @@ fn gu_json_keeps_valid_rewrites_and_closes_a_cut_off_one() {
     let run = run_all(Variant::GuJson, &config(None), &GU_JSON, dir.path());
     let (_, stats) = finished(&run.outcome);
     assert_eq!(stats.method, "gu-json-unconstrained");
-    assert_eq!(stats.extra["updates_rejected"], 1);
+    assert_eq!(stats.method_figures.updates_rejected, Some(1));
     assert!(run.steps[1].refused.as_ref().unwrap().contains("expected"));
     // The last rewrite ran out of tokens mid-note: what was whole is kept.
     assert_eq!(
@@ -158,7 +158,10 @@ fn gu_json_keeps_valid_rewrites_and_closes_a_cut_off_one() {
         prompts[2].segments[2],
         "{\n  \"Voyage\": [\"The ship sails north.\"]\n}\n"
     );
-    assert_eq!(run.steps[2].memory_tokens, stats.extra["memory_tokens"]);
+    assert_eq!(
+        run.steps[2].memory_tokens,
+        stats.method_figures.memory_tokens
+    );
 }
 
 const GM_JSON: [&str; 6] = [
@@ -186,9 +189,9 @@ fn gm_json_merges_by_key_then_has_the_model_remove_repeats() {
             Call::Dedup
         ]
     );
-    assert_eq!(stats.extra["updates_rejected"], 0);
-    assert_eq!(stats.extra["dedups_rejected"], 1);
-    assert_eq!(stats.calls, 6);
+    assert_eq!(stats.method_figures.updates_rejected, Some(0));
+    assert_eq!(stats.method_figures.dedups_rejected, Some(1));
+    assert_eq!(stats.run.calls, 6);
     let prompts = &run.llm.prompts;
     // The refused pass (it would have emptied the memory) kept the merge,
     // which the model saw next: the exact repeat dropped, the new key added.
@@ -217,7 +220,7 @@ fn gm_json_counts_an_unreadable_chunk_memory() {
     ];
     let run = run_all(Variant::GmJson, &config(None), &replies, dir.path());
     let (_, stats) = finished(&run.outcome);
-    assert_eq!(stats.extra["updates_rejected"], 1);
+    assert_eq!(stats.method_figures.updates_rejected, Some(1));
     assert!(run.steps[1]
         .refused
         .as_ref()
@@ -228,7 +231,7 @@ fn gm_json_counts_an_unreadable_chunk_memory() {
         calls(&run.steps),
         [Call::Generate, Call::Generate, Call::Generate, Call::Dedup]
     );
-    assert_eq!(stats.extra["dedups_rejected"], 0);
+    assert_eq!(stats.method_figures.dedups_rejected, Some(0));
     assert_eq!(
         memory_file(dir.path()),
         json!({"Voyage": ["The ship sails north."], "Crew": ["They plan a mutiny."]})
@@ -250,9 +253,9 @@ fn cok_applies_checked_revisions_and_records_the_key_chain() {
     assert_eq!(stats.method, "cok-unconstrained");
     // Applied: add Voyage, update Voyage, add Crew, the append to Voyage.
     // Refused: Crew as a bare string, an update of a key that does not exist.
-    assert_eq!(stats.extra["revisions_applied"], 4);
-    assert_eq!(stats.extra["revisions_rejected"], 2);
-    assert_eq!(stats.extra["chains_complete"], 2);
+    assert_eq!(stats.method_figures.revisions_applied, Some(4));
+    assert_eq!(stats.method_figures.revisions_rejected, Some(2));
+    assert_eq!(stats.method_figures.chains_complete, Some(2));
     assert_eq!(calls(&run.steps), [Call::Revise; 3]);
     let chain = run.steps[1].chain.as_ref().unwrap();
     assert_eq!(chain.matched, Some(vec!["$.Voyage".to_string()]));
@@ -298,8 +301,8 @@ fn a_memory_over_the_limit_is_compressed_and_a_bad_compression_is_refused() {
             Call::Update
         ]
     );
-    assert_eq!(stats.extra["compressions"], 1);
-    assert_eq!(stats.extra["compressions_failed"], 1);
+    assert_eq!(stats.method_figures.compressions, 1);
+    assert_eq!(stats.method_figures.compressions_failed, 1);
     assert!(run.steps[2]
         .refused
         .as_ref()
@@ -337,9 +340,9 @@ fn compression_gives_up_after_its_tries_and_the_run_goes_on() {
             Call::Update
         ]
     );
-    assert_eq!(stats.extra["compressions"], 0);
-    assert_eq!(stats.extra["compressions_failed"], 2);
-    assert_eq!(stats.extra["updates_rejected"], 1);
+    assert_eq!(stats.method_figures.compressions, 0);
+    assert_eq!(stats.method_figures.compressions_failed, 2);
+    assert_eq!(stats.method_figures.updates_rejected, Some(1));
     assert!(run.steps[2].memory_tokens > 40);
     assert_eq!(memory_file(dir.path()), json!({"Voyage": ["North."]}));
 }
@@ -366,8 +369,11 @@ fn every_variant_resumes_to_the_same_result() {
         let (summary, stats) = finished(&rest.outcome);
         let (expected_summary, expected_stats) = finished(&expected.outcome);
         assert_eq!(summary, expected_summary, "{variant:?}");
-        assert_eq!(stats.extra, expected_stats.extra, "{variant:?}");
-        assert_eq!(stats.calls, expected_stats.calls, "{variant:?}");
+        assert_eq!(
+            stats.method_figures, expected_stats.method_figures,
+            "{variant:?}"
+        );
+        assert_eq!(stats.run.calls, expected_stats.run.calls, "{variant:?}");
         assert_eq!(memory_file(dir.path()), memory_file(whole.path()));
         let record = |steps: &[Step]| {
             steps

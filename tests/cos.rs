@@ -4,7 +4,7 @@
 
 use crate::common::{scripted_files, ScriptedLlm};
 use prism::chunk::{split, Chunk};
-use prism::methods::cos::{split_pairs, Cos, CosConfig, Step};
+use prism::methods::cos::{split_pairs, Cos, CosConfig, CosFigures, Step};
 use prism::run::dir::RunDir;
 use prism::run::{drive, NoProgress, Outcome, Stats};
 use serde_json::json;
@@ -89,14 +89,14 @@ fn run(
     dir: &std::path::Path,
     resume: bool,
     stop_after: Option<usize>,
-) -> Outcome {
+) -> Outcome<CosFigures> {
     let method = Cos::new(config);
     let run_dir = RunDir::create(dir).unwrap();
     let files = scripted_files(&run_dir, resume, stop_after);
     drive(&method, llm, chunks, &files, &mut NoProgress).unwrap()
 }
 
-fn finished(outcome: Outcome) -> (String, Stats) {
+fn finished(outcome: Outcome<CosFigures>) -> (String, Stats<CosFigures>) {
     match outcome {
         Outcome::Finished { summary, stats } => (summary, stats),
         Outcome::Paused { .. } => panic!("the run should finish"),
@@ -126,28 +126,18 @@ fn the_best_validation_candidate_is_kept_and_scored_on_test() {
     ));
 
     // 2 reading + 3 validation + 2 × 2 train + 2 refinements + 1 test.
-    assert_eq!(stats.calls, 12);
+    assert_eq!(stats.run.calls, 12);
     assert_eq!(llm.prompts.len(), 12);
     assert_eq!(summary, S1);
-    let extra = &stats.extra;
-    assert_eq!(extra["validation_f1"], json!([0.0, 1.0, 0.0]));
-    assert_eq!(extra["chosen"], 1);
-    assert_eq!(extra["test_f1"], 1.0);
-    assert_eq!(extra["qa_pairs"], 4);
-    assert_eq!(extra["rounds"], 2);
-    assert_eq!(extra["refine_calls"], 2);
-    assert_eq!(extra["train_f1"], json!([0.5, 0.0, null]));
-    for key in [
-        "train_questions",
-        "validation_questions",
-        "test_questions",
-        "candidate_tokens",
-        "refine_prompt_tokens",
-        "refine_reused_tokens",
-        "refine_document_tokens",
-    ] {
-        assert!(extra.get(key).is_some(), "stats lack {key}");
-    }
+    let figures = &stats.method_figures;
+    assert_eq!(figures.validation_f1, [Some(0.0), Some(1.0), Some(0.0)]);
+    assert_eq!(figures.chosen, 1);
+    assert_eq!(figures.test_f1, Some(1.0));
+    assert_eq!(figures.qa_pairs, 4);
+    assert_eq!(figures.rounds, 2);
+    assert_eq!(figures.refine_calls, 2);
+    assert_eq!(figures.train_f1, [Some(0.5), Some(0.0), None]);
+    assert_eq!(figures.candidate_tokens.len(), 3);
     // The test question is asked of the chosen summary.
     assert!(llm.prompts[11].segments.concat().contains(S1));
     // Round 2 refines with the question round 1 did not use.
@@ -193,11 +183,11 @@ fn refinement_stops_when_no_train_question_fails() {
         false,
         None,
     ));
-    assert_eq!(stats.calls, 6);
+    assert_eq!(stats.run.calls, 6);
     assert_eq!(summary, S1);
-    assert_eq!(stats.extra["rounds"], 0);
-    assert_eq!(stats.extra["chosen"], 0);
-    assert_eq!(stats.extra["test_f1"], 1.0);
+    assert_eq!(stats.method_figures.rounds, 0);
+    assert_eq!(stats.method_figures.chosen, 0);
+    assert_eq!(stats.method_figures.test_f1, Some(1.0));
 }
 
 #[test]
@@ -213,10 +203,10 @@ fn output_without_pairs_leaves_the_first_summary() {
         false,
         None,
     ));
-    assert_eq!(stats.calls, 2);
+    assert_eq!(stats.run.calls, 2);
     assert_eq!(summary, S0);
-    assert_eq!(stats.extra["qa_pairs"], 0);
-    assert_eq!(stats.extra["test_f1"], serde_json::Value::Null);
+    assert_eq!(stats.method_figures.qa_pairs, 0);
+    assert_eq!(stats.method_figures.test_f1, None);
 }
 
 #[test]
@@ -256,8 +246,8 @@ fn an_interrupted_run_resumes_to_the_same_result() {
         None,
     ));
     assert_eq!(summary, expected);
-    assert_eq!(stats.calls, expected_stats.calls);
-    assert_eq!(stats.extra, expected_stats.extra);
+    assert_eq!(stats.run.calls, expected_stats.run.calls);
+    assert_eq!(stats.method_figures, expected_stats.method_figures);
     let kinds = |steps: Vec<Step>| {
         steps
             .into_iter()
@@ -301,8 +291,8 @@ fn two_cache_slots_keep_the_document_for_refinement() {
             false,
             None,
         ));
-        assert_eq!(stats.extra["refine_calls"], 2);
-        stats.extra["refine_reused_tokens"].as_u64().unwrap() as usize
+        assert_eq!(stats.method_figures.refine_calls, 2);
+        stats.method_figures.refine_reused_tokens
     };
     let one = reused(1);
     let two = reused(2);
@@ -343,9 +333,9 @@ fn a_round_refines_against_the_chunks_of_its_questions() {
         false,
         None,
     ));
-    assert_eq!(stats.calls, 11);
+    assert_eq!(stats.run.calls, 11);
     assert_eq!(summary, S1);
-    assert_eq!(stats.extra["refine_calls"], 2);
+    assert_eq!(stats.method_figures.refine_calls, 2);
     // The train questions come from different chunks (the split is pinned by its seed).
     let chunk_of = |pair: usize| pair / 2;
     assert_ne!(chunk_of(split.train[0]), chunk_of(split.train[1]));

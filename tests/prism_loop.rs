@@ -9,7 +9,7 @@ use prism::engine::{Engine, LoadOptions};
 use prism::llm::Llm;
 use prism::memory::revise::RefusalKind;
 use prism::memory::{render_revision, Schema};
-use prism::methods::prism::{MemoryMode, Prism, PrismConfig, PrismState, Step};
+use prism::methods::prism::{MemoryMode, Prism, PrismConfig, PrismFigures, PrismState, Step};
 use prism::run::dir::RunDir;
 use prism::run::{drive, NoProgress, Outcome};
 
@@ -43,7 +43,11 @@ const REPLIES: [&str; 5] = [
     "The ship sails north into ice while the crew grows uneasy.",
 ];
 
-fn run_all(memory: MemoryMode, updates: bool, dir: &std::path::Path) -> (Outcome, Vec<Step>) {
+fn run_all(
+    memory: MemoryMode,
+    updates: bool,
+    dir: &std::path::Path,
+) -> (Outcome<PrismFigures>, Vec<Step>) {
     let (outcome, steps, _) = run_scripted(memory, updates, ScriptedLlm::new(&REPLIES), dir);
     (outcome, steps)
 }
@@ -54,7 +58,7 @@ fn run_scripted(
     updates: bool,
     mut llm: ScriptedLlm,
     dir: &std::path::Path,
-) -> (Outcome, Vec<Step>, ScriptedLlm) {
+) -> (Outcome<PrismFigures>, Vec<Step>, ScriptedLlm) {
     let schema = book_schema();
     let config = config(memory, updates);
     let method = Prism::new(&config, &schema);
@@ -75,9 +79,9 @@ fn revisions_are_applied_refused_and_counted() {
     assert_eq!(summary, REPLIES[4]);
     // Applied: Voyage, Crew, the update of Voyage. Refused: the prose-with-brace
     // attempt and the number where the schema wants a list of sentences.
-    assert_eq!(stats.extra["revisions_applied"], 3);
-    assert_eq!(stats.extra["revisions_rejected"], 2);
-    assert_eq!(stats.calls, 5);
+    assert_eq!(stats.method_figures.revisions_applied, 3);
+    assert_eq!(stats.method_figures.revisions_rejected, 2);
+    assert_eq!(stats.run.calls, 5);
     assert_eq!(steps.len(), 4);
     assert!(
         steps[3].rejected[0].reason.contains("$.Voyage"),
@@ -117,8 +121,8 @@ fn without_updates_an_update_is_refused_and_changes_nothing() {
     let Outcome::Finished { stats, .. } = outcome else {
         panic!()
     };
-    assert_eq!(stats.extra["revisions_applied"], 2);
-    assert_eq!(stats.extra["revisions_rejected"], 3);
+    assert_eq!(stats.method_figures.revisions_applied, 2);
+    assert_eq!(stats.method_figures.revisions_rejected, 3);
     assert!(steps[2].rejected[0]
         .reason
         .contains("updates are turned off"));
@@ -147,8 +151,8 @@ fn no_revision_is_a_valid_step() {
     let Outcome::Finished { stats, .. } = outcome else {
         panic!("the run should finish")
     };
-    assert_eq!(stats.extra["revisions_applied"], 1);
-    assert_eq!(stats.extra["revisions_rejected"], 0);
+    assert_eq!(stats.method_figures.revisions_applied, 1);
+    assert_eq!(stats.method_figures.revisions_rejected, 0);
     for step in &steps[1..] {
         assert!(
             step.applied.is_empty() && step.rejected.is_empty(),
@@ -188,10 +192,10 @@ fn duplicates_and_echoes_are_refused_and_counted() {
     let Outcome::Finished { stats, .. } = outcome else {
         panic!("the run should finish")
     };
-    assert_eq!(stats.extra["revisions_duplicate"], 1);
-    assert_eq!(stats.extra["revisions_echo"], 1);
-    assert_eq!(stats.extra["revisions_rejected"], 1);
-    assert_eq!(stats.extra["revision_steps_stopped"], 0);
+    assert_eq!(stats.method_figures.revisions_duplicate, 1);
+    assert_eq!(stats.method_figures.revisions_echo, 1);
+    assert_eq!(stats.method_figures.revisions_rejected, 1);
+    assert_eq!(stats.method_figures.revision_steps_stopped, 0);
     let kinds: Vec<RefusalKind> = steps[1].rejected.iter().map(|r| r.kind).collect();
     assert_eq!(kinds, [RefusalKind::Duplicate, RefusalKind::Echo]);
     assert!(steps[1].rejected[0].reason.contains("duplicate"));
@@ -241,14 +245,14 @@ fn a_step_stops_at_a_line_that_goes_round_in_circles() {
     assert_eq!(steps[0].stopped_before.as_deref(), Some(reworded));
     assert_eq!(steps[0].applied.len(), 1);
     assert!(steps[0].rejected.is_empty(), "{:?}", steps[0].rejected);
-    assert_eq!(stats.extra["revision_steps_stopped"], 1);
-    assert_eq!(stats.extra["revisions_duplicate"], 0);
+    assert_eq!(stats.method_figures.revision_steps_stopped, 1);
+    assert_eq!(stats.method_figures.revisions_duplicate, 0);
 }
 
 #[test]
 fn amendments_reuse_more_of_the_prompt_than_in_place() {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let hit = |outcome: Outcome| match outcome {
+    let hit = |outcome: Outcome<PrismFigures>| match outcome {
         Outcome::Finished { stats, .. } => stats.figures.cache_hit_rate,
         Outcome::Paused { .. } => panic!("the run should finish"),
     };
@@ -283,7 +287,7 @@ fn amendments_that_outgrow_the_context_are_folded_into_the_memory() {
         panic!("the run should finish")
     };
     assert_eq!(summary, REPLIES[4]);
-    assert_eq!(stats.extra["consolidations"], 1);
+    assert_eq!(stats.method_figures.consolidations, 1);
     let consolidated: Vec<bool> = steps.iter().map(|step| step.consolidated).collect();
     assert_eq!(consolidated, [false, false, false, true]);
     let last = tight.prompts[3].segments.concat();

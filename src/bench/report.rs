@@ -4,7 +4,9 @@
 //! across them like its Figure 5.
 
 use super::results::{chunk_sizes, find, methods, Metric, Row, Scores};
-use serde_json::{Map, Value};
+use crate::engine::sampling::SamplingConfig;
+use crate::methods::prism::PrismFigures;
+use crate::methods::MethodFigures;
 use std::fmt::Write;
 
 /// Shown for a figure a run did not report.
@@ -116,15 +118,20 @@ fn header(out: &mut String, rows: &[Row]) {
 /// summary length added.
 fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
     // PRISM's counts of revisions it refused or cut, when some run has them.
-    let revisions: Vec<(&str, &str)> = [
-        ("revisions_duplicate", "Duplicate revisions"),
-        ("revisions_echo", "Echo revisions"),
-        ("revisions_capped", "Capped revisions"),
-        ("revision_steps_stopped", "Steps stopped at a repeat"),
-    ]
-    .into_iter()
-    .filter(|(key, _)| rows.iter().any(|row| row.number(key).is_some()))
-    .collect();
+    type Count = fn(&PrismFigures) -> usize;
+    let revisions: Vec<(Count, &str)> = if rows.iter().any(|row| prism_figures(row).is_some()) {
+        vec![
+            (|prism| prism.revisions_duplicate, "Duplicate revisions"),
+            (|prism| prism.revisions_echo, "Echo revisions"),
+            (|prism| prism.revisions_capped, "Capped revisions"),
+            (
+                |prism| prism.revision_steps_stopped,
+                "Steps stopped at a repeat",
+            ),
+        ]
+    } else {
+        Vec::new()
+    };
     // Quality columns only when `bench --quality` scored some run.
     type Score = fn(&Scores) -> Option<f64>;
     let quality: Vec<(Score, &str)> = [
@@ -158,31 +165,33 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
         let Some(row) = find(rows, method, chunk_tokens) else {
             continue;
         };
-        let thousands = |key: &str| cell(row.number(key).map(|n| n / 1000.0), 1);
+        let thousands = |tokens: usize| cell(Some(tokens as f64 / 1000.0), 1);
+        let figures = &row.figures;
         let _ = write!(
             out,
             "| {method} | {} | {} | {} | {} | {} | {} |",
-            cell(row.metric(Metric::CacheHit), 1),
-            thousands("prompt_tokens"),
-            thousands("net_tokens"),
-            thousands("output_tokens"),
-            cell(row.metric(Metric::CostIndex), 4),
-            cell(row.number("wall_seconds"), 0),
+            cell(Some(row.metric(Metric::CacheHit)), 1),
+            thousands(figures.prompt_tokens),
+            thousands(figures.net_tokens),
+            thousands(figures.output_tokens),
+            cell(Some(figures.cost_index), 4),
+            cell(Some(row.run.wall_seconds), 0),
         );
         if threads_vary {
             let _ = write!(out, " {} |", row.machine.engine_threads);
         }
-        let percent = |key: &str| cell(row.number(key).map(|share| 100.0 * share), 1);
+        let percent = |share: Option<f64>| cell(share.map(|share| 100.0 * share), 1);
         let _ = write!(
             out,
             " {} | {} | {} | {} |",
-            cell(row.number("calls"), 0),
-            cell(row.number("summary_tokens"), 0),
-            percent("repeated_ngram_share"),
-            percent("echo_share"),
+            row.run.calls,
+            row.run.summary_tokens,
+            percent(row.run.repeated_ngram_share),
+            percent(row.run.echo_share),
         );
-        for (key, _) in &revisions {
-            let _ = write!(out, " {} |", cell(row.number(key), 0));
+        for (count, _) in &revisions {
+            let count = prism_figures(row).map(|prism| count(prism) as f64);
+            let _ = write!(out, " {} |", cell(count, 0));
         }
         for (score, _) in &quality {
             let _ = write!(out, " {} |", cell(score(&row.scores), 3));
@@ -193,14 +202,22 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
     let _ = writeln!(out, "\n{}", sampling_line(&shown));
 }
 
+/// PRISM's own figures of `row`, when it is a PRISM run that recorded today's counts.
+fn prism_figures(row: &Row) -> Option<&PrismFigures> {
+    match &row.method_figures {
+        MethodFigures::Prism(figures) => Some(figures),
+        _ => None,
+    }
+}
+
 /// The line under a table that names the sampling settings its rows used:
 /// one description when they share it, else each with its methods.
 fn sampling_line(rows: &[&Row]) -> String {
     let mut settings: Vec<(String, Vec<&str>)> = Vec::new();
     for row in rows {
-        let described = match row.stats.get("sampling") {
-            Some(Value::Object(sampling)) => describe_sampling(sampling),
-            _ => "not recorded".to_string(),
+        let described = match &row.run.sampling {
+            Some(sampling) => describe_sampling(sampling),
+            None => "not recorded".to_string(),
         };
         match settings.iter_mut().find(|(text, _)| *text == described) {
             Some((_, methods)) => methods.push(row.method.as_str()),
@@ -220,71 +237,59 @@ fn sampling_line(rows: &[&Row]) -> String {
     }
 }
 
-/// A run's `sampling` object in words. It is read field by field, so rows
-/// written before a control existed still read: a missing control was off,
-/// and a missing DRY base or allowed length had its default (`SamplingConfig`
-/// leaves defaults out of the JSON).
-fn describe_sampling(sampling: &Map<String, Value>) -> String {
-    let number = |key: &str| sampling.get(key).and_then(Value::as_f64);
-    let on = |key: &str| match sampling.get(key) {
-        None | Some(Value::Null) => None,
-        Some(Value::Bool(on)) => on.then(String::new),
-        Some(Value::Number(n)) => (n.as_f64() != Some(0.0)).then(|| short(n.as_f64())),
-        Some(other) => Some(other.to_string()),
-    };
+/// A run's sampling settings in words.
+fn describe_sampling(sampling: &SamplingConfig) -> String {
     let mut parts = Vec::new();
-    parts.push(match number("temperature") {
-        Some(t) if t > 0.0 => format!("temperature {}", short(Some(t))),
-        Some(_) => "greedy".to_string(),
-        None => format!("temperature {MISSING}"),
+    parts.push(match sampling.temperature {
+        t if t > 0.0 => format!("temperature {}", short(t)),
+        _ => "greedy".to_string(),
     });
-    if let Some(penalty) = number("repeat_penalty").filter(|&p| p != 1.0) {
+    if sampling.repeat_penalty != 1.0 {
         parts.push(format!(
             "repeat penalty {} over {} tokens",
-            short(Some(penalty)),
-            short(number("repeat_last_n"))
+            short(sampling.repeat_penalty.into()),
+            sampling.repeat_last_n
         ));
     }
-    parts.push(match on("dry_multiplier") {
-        Some(multiplier) => {
-            let mut window = match number("dry_penalty_last_n") {
-                Some(n) if n > 0.0 => format!(", last {} tokens", short(Some(n))),
-                _ => String::new(),
-            };
-            window.push_str(match on("dry_prompt") {
-                Some(_) => ", prompt included",
-                None => ", output only",
-            });
-            format!(
-                "DRY multiplier {multiplier} (base {}, allowed length {}{window})",
-                short(number("dry_base").or(Some(1.75))),
-                short(number("dry_allowed_length").or(Some(2.0))),
-            )
+    parts.push(if sampling.dry_multiplier != 0.0 {
+        let mut window = match sampling.dry_penalty_last_n {
+            0 => String::new(),
+            n => format!(", last {n} tokens"),
+        };
+        window.push_str(if sampling.dry_prompt {
+            ", prompt included"
+        } else {
+            ", output only"
+        });
+        format!(
+            "DRY multiplier {} (base {}, allowed length {}{window})",
+            short(sampling.dry_multiplier.into()),
+            short(sampling.dry_base.into()),
+            sampling.dry_allowed_length,
+        )
+    } else {
+        "DRY off".to_string()
+    });
+    parts.push(match sampling.no_repeat_ngram {
+        0 => "no-repeat n-gram off".to_string(),
+        n => format!("no-repeat {n}-grams"),
+    });
+    parts.push(
+        if sampling.loop_guard {
+            "loop guard on"
+        } else {
+            "loop guard off"
         }
-        None => "DRY off".to_string(),
-    });
-    parts.push(match on("no_repeat_ngram") {
-        Some(n) => format!("no-repeat {n}-grams"),
-        None => "no-repeat n-gram off".to_string(),
-    });
-    parts.push(match on("loop_guard") {
-        Some(setting) if setting.is_empty() => "loop guard on".to_string(),
-        Some(setting) => format!("loop guard {setting}"),
-        None => "loop guard off".to_string(),
-    });
+        .to_string(),
+    );
     parts.join(", ")
 }
 
 /// A setting as short as it reads exactly: `0.8`, not the `0.800000011920929`
 /// an `f32` becomes in JSON.
-fn short(value: Option<f64>) -> String {
-    match value {
-        Some(value) => {
-            let text = format!("{value:.3}");
-            text.trim_end_matches('0').trim_end_matches('.').to_string()
-        }
-        None => MISSING.to_string(),
-    }
+fn short(value: f64) -> String {
+    let text = format!("{value:.3}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 /// Figure 5 of the paper as a table: methods × chunk sizes of one metric.
@@ -300,7 +305,7 @@ fn table_across_chunk_sizes(out: &mut String, rows: &[Row], metric: Metric) {
     for method in methods(rows) {
         let _ = write!(out, "| {method} |");
         for &size in &sizes {
-            let value = find(rows, method, size).and_then(|row| row.metric(metric));
+            let value = find(rows, method, size).map(|row| row.metric(metric));
             let value = match metric {
                 Metric::NetTokens | Metric::OutputTokens => value.map(|n| n / 1000.0),
                 Metric::CacheHit | Metric::CostIndex => value,
@@ -466,10 +471,11 @@ mod tests {
     }
 
     #[test]
-    fn missing_figures_show_as_dashes() {
+    fn figures_a_row_predates_show_as_dashes() {
         let report = markdown(&[row("incremental", 500, json!({"calls": 3}))]);
         assert!(
-            report.contains("| incremental | – | – | – | – | – | – | 3 | – | – | – |\n"),
+            report
+                .contains("| incremental | 0.0 | 0.0 | 0.0 | 0.0 | 0.0000 | 0 | 3 | 0 | – | – |\n"),
             "{report}"
         );
         assert!(report.contains("\nSampling: not recorded.\n"), "{report}");
@@ -480,28 +486,30 @@ mod tests {
         let report = markdown(&rows());
         assert!(!report.contains("revisions"), "no run has them: no columns");
         let mut with = rows();
-        for (key, count) in [
-            ("revisions_duplicate", 4),
-            ("revisions_echo", 1),
-            ("revisions_capped", 0),
-        ] {
-            with[0].stats.insert(key.into(), count.into());
-        }
+        with[0].method_figures = MethodFigures::Prism(PrismFigures {
+            revisions_applied: 9,
+            revisions_rejected: 2,
+            revisions_duplicate: 4,
+            revisions_echo: 1,
+            revisions_capped: 0,
+            revision_steps_stopped: 3,
+            consolidations: 0,
+        });
         let report = markdown(&with);
         assert!(
             report.contains(
-                "| Echo (%) | Duplicate revisions | Echo revisions | Capped revisions |\n\
-                 |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
+                "| Echo (%) | Duplicate revisions | Echo revisions | Capped revisions | Steps stopped at a repeat |\n\
+                 |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
             ),
             "{report}"
         );
         assert!(
-            report.contains("| 210 | 12.5 | 0.0 | 4 | 1 | 0 |\n"),
+            report.contains("| 210 | 12.5 | 0.0 | 4 | 1 | 0 | 3 |\n"),
             "{report}"
         );
         // A run without them shows dashes.
         assert!(
-            report.contains("| 210 | 12.5 | 0.0 | – | – | – |\n"),
+            report.contains("| 210 | 12.5 | 0.0 | – | – | – | – |\n"),
             "{report}"
         );
     }
@@ -520,14 +528,12 @@ mod tests {
             "{table}"
         );
         let mut mixed = rows();
-        mixed[1].stats.insert(
-            "sampling".into(),
-            json!({
-                "temperature": 0.7, "repeat_penalty": 1.100000023841858, "repeat_last_n": 64,
-                "dry_multiplier": 0.5, "dry_base": 2.0, "dry_allowed_length": 3,
-                "dry_penalty_last_n": 256, "dry_prompt": true, "no_repeat_ngram": 4,
-            }),
-        );
+        mixed[1].run.sampling = serde_json::from_value(json!({
+            "temperature": 0.7, "repeat_penalty": 1.100000023841858, "repeat_last_n": 64, "seed": 1,
+            "dry_multiplier": 0.5, "dry_base": 2.0, "dry_allowed_length": 3,
+            "dry_penalty_last_n": 256, "dry_prompt": true, "no_repeat_ngram": 4,
+        }))
+        .unwrap();
         let report = markdown(&mixed);
         assert!(
             report.contains(
@@ -541,10 +547,10 @@ mod tests {
         );
         // Settings from before the repetition controls existed read as off.
         let mut old = rows();
-        old[0].stats.insert(
-            "sampling".into(),
+        old[0].run.sampling = serde_json::from_value(
             json!({"temperature": 0.0, "repeat_penalty": 1.0, "repeat_last_n": 64, "seed": 1}),
-        );
+        )
+        .unwrap();
         let report = markdown(&old[..1]);
         assert!(
             report.contains("Sampling: greedy, DRY off, no-repeat n-gram off, loop guard off.\n"),

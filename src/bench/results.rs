@@ -3,8 +3,11 @@
 //! running anything: the CSV, the figures charts and tables plot, and a rough
 //! estimate of the time the remaining runs will take.
 
+use crate::methods::MethodFigures;
+use crate::metrics::Figures;
+use crate::run::RunStats;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// What the judge of `bench --quality` made of a run's summary.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -67,65 +70,28 @@ pub struct Row {
     /// What `--quality` found, when the run was judged.
     #[serde(flatten)]
     pub scores: Scores,
-    /// Every field of the run's `stats.json`, whose `method` (the method's own
-    /// label) is renamed `label` here, and any other field named like one of
-    /// the row's own gets a `stats_` prefix.
+    /// The name the method gave its run: `stats.json`'s `method`, which may
+    /// say more than the sweep's name (`-unconstrained`).
+    pub label: String,
     #[serde(flatten)]
-    pub stats: Map<String, Value>,
+    pub figures: Figures,
+    #[serde(flatten)]
+    pub run: RunStats,
+    /// Declared last, since it reads the fields every other part leaves.
+    #[serde(flatten)]
+    pub method_figures: MethodFigures,
 }
 
 impl Row {
-    /// The row's own fields, which flattened stats must not repeat: a JSON
-    /// line with a key twice would not read back.
-    const FIELDS: [&'static str; 20] = [
-        "method",
-        "chunk_tokens",
-        "model",
-        "document",
-        "document_sha256",
-        "document_tokens",
-        "read_tokens",
-        "device",
-        "machine",
-        "git_revision",
-        "git_dirty",
-        "date",
-        "command",
-        "run_dir",
-        "fingerprint",
-        "label",
-        "coherence",
-        "coherence_unparsed",
-        "coherence_error",
-        "qa_f1",
-    ];
-
-    /// `stats` as `stats.json` holds them, with its `method` moved to `label`
-    /// and any other key the row has itself (or `--quality` adds) prefixed
-    /// `stats_`.
-    pub fn stats_from_json(stats: Map<String, Value>) -> Map<String, Value> {
-        stats
-            .into_iter()
-            .map(|(key, value)| match key.as_str() {
-                "method" => ("label".to_string(), value),
-                _ if Self::FIELDS.contains(&key.as_str()) => (format!("stats_{key}"), value),
-                _ => (key, value),
-            })
-            .collect()
-    }
-
-    /// A numeric field of the run's stats, if present.
-    pub fn number(&self, key: &str) -> Option<f64> {
-        self.stats.get(key).and_then(Value::as_f64)
-    }
-
-    /// What `metric` measured in this run, if the stats hold it.
-    pub fn metric(&self, metric: Metric) -> Option<f64> {
-        let value = self.number(metric.key())?;
-        Some(match metric {
-            Metric::CacheHit => 100.0 * value,
-            Metric::NetTokens | Metric::OutputTokens | Metric::CostIndex => value,
-        })
+    /// What `metric` measured in this run.
+    pub fn metric(&self, metric: Metric) -> f64 {
+        let figures = &self.figures;
+        match metric {
+            Metric::CacheHit => 100.0 * figures.cache_hit_rate,
+            Metric::NetTokens => figures.net_tokens as f64,
+            Metric::OutputTokens => figures.output_tokens as f64,
+            Metric::CostIndex => figures.cost_index,
+        }
     }
 }
 
@@ -146,16 +112,6 @@ impl Metric {
         Metric::OutputTokens,
         Metric::CostIndex,
     ];
-
-    /// The `stats.json` field it is read from.
-    fn key(self) -> &'static str {
-        match self {
-            Metric::CacheHit => "cache_hit_rate",
-            Metric::NetTokens => "net_tokens",
-            Metric::OutputTokens => "output_tokens",
-            Metric::CostIndex => "cost_index",
-        }
-    }
 
     /// A title with the unit.
     pub fn title(self) -> &'static str {
@@ -222,7 +178,7 @@ pub fn series(rows: &[Row], metric: Metric) -> Vec<Series> {
             method: method.to_string(),
             points: sizes
                 .iter()
-                .filter_map(|&size| Some((size, find(rows, method, size)?.metric(metric)?)))
+                .filter_map(|&size| Some((size, find(rows, method, size)?.metric(metric))))
                 .collect(),
         })
         .collect()
@@ -326,21 +282,18 @@ struct Pace {
 
 impl Pace {
     fn of(row: &Row) -> Option<Pace> {
-        let wall = row.number("wall_seconds")?;
-        let chunks = row.number("chunks").filter(|&chunks| chunks > 0.0)?;
-        if row.read_tokens == 0 {
+        let wall = row.run.wall_seconds;
+        if row.read_tokens == 0 || row.run.chunks == 0 {
             return None;
         }
-        let prefill = match (
-            row.number("net_tokens"),
-            row.number("prefill_tokens_per_second"),
-        ) {
-            (Some(net), Some(rate)) if rate > 0.0 => (net / rate).min(wall),
+        let figures = &row.figures;
+        let prefill = match figures.prefill_tokens_per_second {
+            rate if rate > 0.0 => (figures.net_tokens as f64 / rate).min(wall),
             _ => 0.0,
         };
         Some(Pace {
             per_token: prefill / row.read_tokens as f64,
-            per_chunk: (wall - prefill) / chunks,
+            per_chunk: (wall - prefill) / row.run.chunks as f64,
         })
     }
 
@@ -515,27 +468,40 @@ pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
+    /// A row of `method` whose stats are zero but for `stats`, given as
+    /// `stats.json` would hold them.
     pub(crate) fn row(method: &str, chunk_tokens: usize, stats: Value) -> Row {
-        Row {
+        let base = Row {
             method: method.into(),
             chunk_tokens,
             model: "tiny".into(),
             document: "doc.txt".into(),
             read_tokens: 1000,
-            stats: stats.as_object().cloned().unwrap_or_default(),
             ..Row::default()
+        };
+        let mut fields = serde_json::to_value(base).unwrap();
+        for (key, value) in stats.as_object().unwrap() {
+            fields[key] = value.clone();
         }
+        serde_json::from_value(fields).unwrap()
     }
 
     #[test]
     fn judge_scores_read_back_from_a_flat_row() {
-        let line = r#"{"method":"whole","chunk_tokens":2000,"coherence":1.0,"qa_f1":0.207,"net_tokens":5}"#;
-        let row: Row = serde_json::from_str(line).unwrap();
+        let mut fields =
+            serde_json::to_value(row("whole", 2000, json!({"net_tokens": 5}))).unwrap();
+        fields["coherence"] = json!(1.0);
+        fields["qa_f1"] = json!(0.207);
+        let row: Row = serde_json::from_value(fields).unwrap();
         assert_eq!(row.scores.coherence, Some(1.0));
         assert_eq!(row.scores.qa_f1, Some(0.207));
         assert!(row.scores.complete(true));
-        assert!(!row.stats.contains_key("qa_f1"), "{:?}", row.stats);
-        assert_eq!(row.number("net_tokens"), Some(5.0));
+        assert_eq!(
+            row.method_figures,
+            MethodFigures::default(),
+            "scores are not the method's"
+        );
+        assert_eq!(row.figures.net_tokens, 5);
         let back = serde_json::to_value(&row).unwrap();
         assert_eq!(back["qa_f1"], 0.207);
         assert!(back.get("coherence_error").is_none());
@@ -543,45 +509,49 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn stats_json_method_becomes_label() {
-        let stats = Row::stats_from_json(
-            json!({"method": "prism-amendments", "calls": 3, "retries": 0})
-                .as_object()
-                .unwrap()
-                .clone(),
+    fn each_method_s_figures_read_back_as_its_own_type() {
+        let prism = json!({"revisions_applied": 4, "revisions_rejected": 1, "revisions_duplicate": 2,
+            "revisions_echo": 0, "revisions_capped": 3, "revision_steps_stopped": 0, "consolidations": 1});
+        let read = row("prism-amendments", 2000, prism).method_figures;
+        let MethodFigures::Prism(figures) = read else {
+            panic!("{read:?}")
+        };
+        assert_eq!(
+            (figures.revisions_applied, figures.revisions_capped),
+            (4, 3)
         );
-        assert_eq!(stats["label"], "prism-amendments");
-        assert!(!stats.contains_key("method"));
-        // The label keeps its place, so CSV columns keep stats.json's order.
-        let keys: Vec<&str> = stats.keys().map(String::as_str).collect();
-        assert_eq!(keys, ["label", "calls", "retries"]);
+        let incremental = json!({"compressions": 2, "compression_failures": 0});
+        let read = row("incremental", 2000, incremental).method_figures;
+        assert!(matches!(read, MethodFigures::Incremental(_)), "{read:?}");
+        let gu_json = json!({"updates_rejected": 1, "compressions": 0, "compressions_failed": 0, "memory_tokens": 90});
+        let read = row("gu-json", 2000, gu_json).method_figures;
+        let MethodFigures::Cok(figures) = read else {
+            panic!("{read:?}")
+        };
+        assert_eq!(
+            (figures.updates_rejected, figures.chains_complete),
+            (Some(1), None)
+        );
     }
 
     #[test]
-    fn stats_named_like_row_fields_are_prefixed_and_the_row_reads_back() {
-        let stats = Row::stats_from_json(
-            json!({"document_tokens": 7, "calls": 3})
-                .as_object()
-                .unwrap()
-                .clone(),
-        );
-        let original = Row {
-            document_tokens: 9,
-            stats,
-            ..Row::default()
+    fn figures_an_earlier_prism_recorded_are_kept_as_they_were() {
+        // PRISM before it counted duplicates, and a stat since renamed.
+        let older =
+            json!({"revisions_applied": 4, "revisions_rejected": 1, "stats_document_tokens": 7});
+        let original = row("prism-amendments", 500, older);
+        let MethodFigures::Recorded(fields) = &original.method_figures else {
+            panic!("{:?}", original.method_figures)
         };
+        assert_eq!(fields.len(), 3, "{fields:?}");
         let line = serde_json::to_string(&original).unwrap();
         let back: Row = serde_json::from_str(&line).unwrap();
         assert_eq!(back, original);
-        assert_eq!(back.number("stats_document_tokens"), Some(7.0));
-    }
-
-    #[test]
-    fn the_row_fields_list_names_every_field_of_a_row() {
-        let value = serde_json::to_value(Row::default()).unwrap();
-        for key in value.as_object().unwrap().keys() {
-            assert!(Row::FIELDS.contains(&key.as_str()), "{key} is missing");
-        }
+        assert_eq!(
+            serde_json::to_string(&back).unwrap(),
+            line,
+            "rewriting loses nothing"
+        );
     }
 
     #[test]
@@ -593,9 +563,9 @@ pub(crate) mod tests {
         assert_eq!(value["machine"]["threads"], 0);
         let back: Row = serde_json::from_str(&line).unwrap();
         assert_eq!(back, original);
-        // A row missing fields (an older format) still reads.
-        let sparse: Row = serde_json::from_str(r#"{"method": "b", "chunk_tokens": 9}"#).unwrap();
-        assert_eq!((sparse.method.as_str(), sparse.chunk_tokens), ("b", 9));
+        // A row from before prism measured repetition and recorded sampling still reads.
+        assert!(value.get("repeated_ngram_share").is_none() && value.get("sampling").is_none());
+        assert_eq!(back.run.repeated_ngram_share, None);
     }
 
     #[test]
@@ -612,8 +582,12 @@ pub(crate) mod tests {
         assert!(header.contains(&"machine.cpu") && header.contains(&"machine.memory_gib"));
         // A column only the second row has comes last; the first row's cell is empty.
         assert_eq!(*header.last().unwrap(), "retries");
-        assert!(lines[1].ends_with(",2,"), "{}", lines[1]);
-        assert!(lines[2].ends_with(",3,1"), "{}", lines[2]);
+        assert!(lines[1].ends_with(','), "{}", lines[1]);
+        assert!(lines[2].ends_with(",1"), "{}", lines[2]);
+        let calls = header.iter().position(|&name| name == "calls").unwrap();
+        let cell = |line: &str| line.split(',').nth(calls + 1).map(str::to_string);
+        // The quoted command holds one comma, so cells after it shift by one.
+        assert_eq!(cell(lines[1]), Some("2".into()));
         assert!(lines[1].contains(r#","prism bench ""my, doc.txt""","#));
         // git_dirty is null: an empty cell, not "null".
         assert!(!text.contains("null"));
@@ -626,11 +600,10 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn series_follow_methods_in_order_and_skip_missing_values() {
+    fn series_follow_methods_in_order_and_skip_missing_runs() {
         let rows = [
             row("b", 1000, json!({"cache_hit_rate": 0.5})),
             row("a", 500, json!({"cache_hit_rate": 0.25})),
-            row("b", 500, json!({})),
             row("a", 1000, json!({"cache_hit_rate": 0.75})),
         ];
         let series = series(&rows, Metric::CacheHit);
@@ -646,7 +619,7 @@ pub(crate) mod tests {
             row("a", 500, json!({"calls": 1})),
             row("a", 500, json!({"calls": 2})),
         ];
-        assert_eq!(find(&rows, "a", 500).unwrap().number("calls"), Some(2.0));
+        assert_eq!(find(&rows, "a", 500).unwrap().run.calls, 2);
     }
 
     fn pending(method: &str, chunk_tokens: usize, chunks: usize) -> Pending {

@@ -11,14 +11,13 @@ use crate::engine::{Engine, GenerateOptions, LoadOptions};
 use crate::error::{Error, Result};
 use crate::job::{Document, Job};
 use crate::llm::EngineLlm;
-use crate::methods::MethodSpec;
+use crate::methods::{MethodFigures, MethodSpec};
 use crate::models;
 use crate::qa::{score_summary, QaPair};
 use crate::quality::coherence::{score_coherence, CoherenceConfig};
 use crate::run::dir::{Checkpoint, RunDir};
-use crate::run::{Outcome, Progress};
+use crate::run::{Outcome, Progress, Stats};
 use serde::de::IgnoredAny;
-use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -258,7 +257,7 @@ pub fn run(
             planned,
             &documents[planned.document],
             job.fingerprint(&engine.identity()),
-            Row::stats_from_json(to_map(&stats)),
+            stats,
         );
         if let Some(judging) = &sweep.judging {
             let judge = loaded_judge(&mut judge, judging)?;
@@ -272,11 +271,11 @@ pub fn run(
         progress.note(&format!(
             "{}: cache hit {:.1}%, net {} tokens, output {}, cost index {:.4}, {:.0}s{}",
             job.out.display(),
-            last.metric(Metric::CacheHit).unwrap_or(0.0),
-            last.number("net_tokens").unwrap_or(0.0),
-            last.number("output_tokens").unwrap_or(0.0),
-            last.metric(Metric::CostIndex).unwrap_or(0.0),
-            last.number("wall_seconds").unwrap_or(0.0),
+            100.0 * last.figures.cache_hit_rate,
+            last.figures.net_tokens,
+            last.figures.output_tokens,
+            last.figures.cost_index,
+            last.run.wall_seconds,
             estimate_note(&rows, &pending[index + 1..], &documents),
         ));
     }
@@ -316,14 +315,6 @@ fn distinct<T: PartialEq + std::fmt::Display>(values: &[T], flag: &str) -> Resul
         }
     }
     Ok(())
-}
-
-/// `stats.json`'s fields as a map.
-fn to_map(stats: &impl serde::Serialize) -> Map<String, Value> {
-    match serde_json::to_value(stats) {
-        Ok(Value::Object(map)) => map,
-        _ => Map::new(),
-    }
 }
 
 /// The index of `planned`'s row if it has one and its run directory its stats.json.
@@ -435,7 +426,7 @@ impl SweepContext {
         planned: &Planned,
         document: &Document,
         fingerprint: String,
-        stats: Map<String, Value>,
+        stats: Stats<MethodFigures>,
     ) -> Row {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -457,7 +448,10 @@ impl SweepContext {
             run_dir: planned.run_dir.clone(),
             fingerprint,
             scores: Scores::default(),
-            stats,
+            label: stats.method,
+            figures: stats.figures,
+            run: stats.run,
+            method_figures: stats.method_figures,
         }
     }
 }

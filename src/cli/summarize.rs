@@ -339,13 +339,13 @@ pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
             note!(
                 "{}: {} calls, cache hit {:.1}%, net {} tokens, output {}, cost index {:.4}, summary {} tokens, {:.0}s",
                 args.out.display(),
-                stats.calls,
+                stats.run.calls,
                 100.0 * stats.figures.cache_hit_rate,
                 stats.figures.net_tokens,
                 stats.figures.output_tokens,
                 stats.figures.cost_index,
-                stats.summary_tokens,
-                stats.wall_seconds,
+                stats.run.summary_tokens,
+                stats.run.wall_seconds,
             );
         }
         Outcome::Paused { completed } => note!(

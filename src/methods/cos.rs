@@ -55,7 +55,7 @@ use crate::qa::f1::mean_f1;
 use crate::qa::{self, Answered, QaPair};
 use crate::run::{blank_chunk, prompt_texts, Advance, Finish, Method, Position};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -225,6 +225,29 @@ pub struct RefineTotals {
     pub reused_tokens: usize,
     /// Tokens of the chunks the refinement prompts held.
     pub document_tokens: usize,
+}
+
+/// The questions, the candidates' scores and what refinement cost, as
+/// `stats.json` reports them. Candidates are listed in order, s⁰ first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CosFigures {
+    pub qa_pairs: usize,
+    pub train_questions: usize,
+    pub validation_questions: usize,
+    pub test_questions: usize,
+    pub validation_f1: Vec<Option<f64>>,
+    pub train_f1: Vec<Option<f64>>,
+    pub candidate_tokens: Vec<usize>,
+    /// The candidate the run ended with.
+    pub chosen: usize,
+    /// The chosen candidate's mean Correct-F1 on the test questions.
+    pub test_f1: Option<f64>,
+    pub rounds: usize,
+    pub refine_calls: usize,
+    pub refine_prompt_tokens: usize,
+    pub refine_reused_tokens: usize,
+    pub refine_document_tokens: usize,
 }
 
 /// Everything a run carries from one unit to the next; saved in checkpoints.
@@ -543,7 +566,7 @@ impl<'a> Cos<'a> {
         })
     }
 
-    fn finish(&self, state: &CosState) -> Finish {
+    fn finish(&self, state: &CosState) -> Finish<CosFigures> {
         let chosen = chosen(state);
         let summary = state.candidates.get(chosen).map_or_else(
             || state.draft.clone(),
@@ -554,41 +577,22 @@ impl<'a> Cos<'a> {
             .iter()
             .map(|candidate| candidate.train_f1s.as_deref().and_then(mean_f1))
             .collect();
-        let mut stats = Map::new();
-        let mut put = |key: &str, value: Value| {
-            stats.insert(key.to_string(), value);
+        let figures = CosFigures {
+            qa_pairs: state.pairs.len(),
+            train_questions: state.split.train.len(),
+            validation_questions: state.split.validation.len(),
+            test_questions: state.split.test.len(),
+            validation_f1: state.candidates.iter().map(|c| c.validation_f1).collect(),
+            train_f1: train_f1.clone(),
+            candidate_tokens: state.candidates.iter().map(|c| c.tokens).collect(),
+            chosen,
+            test_f1: state.test_f1,
+            rounds: state.candidates.len().saturating_sub(1),
+            refine_calls: state.refine.calls,
+            refine_prompt_tokens: state.refine.prompt_tokens,
+            refine_reused_tokens: state.refine.reused_tokens,
+            refine_document_tokens: state.refine.document_tokens,
         };
-        put("qa_pairs", state.pairs.len().into());
-        put("train_questions", state.split.train.len().into());
-        put("validation_questions", state.split.validation.len().into());
-        put("test_questions", state.split.test.len().into());
-        put(
-            "validation_f1",
-            json!(state
-                .candidates
-                .iter()
-                .map(|c| c.validation_f1)
-                .collect::<Vec<_>>()),
-        );
-        put("train_f1", json!(train_f1));
-        put(
-            "candidate_tokens",
-            json!(state
-                .candidates
-                .iter()
-                .map(|c| c.tokens)
-                .collect::<Vec<_>>()),
-        );
-        put("chosen", chosen.into());
-        put("test_f1", json!(state.test_f1));
-        put("rounds", state.candidates.len().saturating_sub(1).into());
-        put("refine_calls", state.refine.calls.into());
-        put("refine_prompt_tokens", state.refine.prompt_tokens.into());
-        put("refine_reused_tokens", state.refine.reused_tokens.into());
-        put(
-            "refine_document_tokens",
-            state.refine.document_tokens.into(),
-        );
 
         let pairs_of = |part: Part| {
             state
@@ -622,7 +626,7 @@ impl<'a> Cos<'a> {
                 ("qa_pairs.json", pairs),
                 ("candidates.json", Value::Array(candidates)),
             ],
-            stats,
+            figures,
         }
     }
 }
@@ -661,6 +665,7 @@ fn clean_summary(reply: &str) -> String {
 impl Method for Cos<'_> {
     type State = CosState;
     type Step = Step;
+    type Figures = CosFigures;
 
     fn label(&self) -> String {
         "cos".to_string()
@@ -724,7 +729,7 @@ impl Method for Cos<'_> {
         llm: &mut dyn Llm,
         state: &mut CosState,
         chunks: &[Chunk],
-    ) -> Result<Advance<Step>> {
+    ) -> Result<Advance<Step, CosFigures>> {
         let start = Instant::now();
         let stage = self.position(state, chunks).stage;
         let mut calls = Ledger::default();

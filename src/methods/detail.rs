@@ -10,7 +10,7 @@ use super::baseline::{earlier_segment, part_prompt, Call, EARLIER_HEADING};
 use crate::chunk::Chunk;
 use crate::error::{Error, Result};
 use crate::llm::Llm;
-use crate::run::{blank_chunk, prompt_texts, Advance, Finish, Method, Position};
+use crate::run::{blank_chunk, prompt_texts, Advance, Finish, Method, NoFigures, Position};
 
 /// Settings of one detail run; everything here is part of a run's identity.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -115,6 +115,7 @@ impl<'a> Detail<'a> {
 impl Method for Detail<'_> {
     type State = DetailState;
     type Step = Step;
+    type Figures = NoFigures;
 
     fn label(&self) -> String {
         if self.config.recursive {

@@ -87,6 +87,14 @@ pub fn group_consecutive(tokens: &[usize], budget: usize) -> Vec<Range<usize>> {
     runs
 }
 
+/// The shape of the merge tree, as `stats.json` reports it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HierarchicalFigures {
+    /// Levels of summaries, the chunk summaries included.
+    pub levels: usize,
+}
+
 /// Everything a run carries from one call to the next; saved in checkpoints.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct HierarchicalState {
@@ -275,6 +283,7 @@ fn merged_segment(index: usize, summary: &str) -> String {
 impl Method for Hierarchical<'_> {
     type State = HierarchicalState;
     type Step = Step;
+    type Figures = HierarchicalFigures;
 
     fn label(&self) -> String {
         "hierarchical".to_string()
@@ -334,7 +343,7 @@ impl Method for Hierarchical<'_> {
         llm: &mut dyn Llm,
         state: &mut HierarchicalState,
         chunks: &[Chunk],
-    ) -> Result<Advance<Step>> {
+    ) -> Result<Advance<Step, HierarchicalFigures>> {
         if let Some(chunk) = chunks.get(state.levels[0].len()) {
             return Ok(Advance::Step(self.summarize_chunk(
                 llm,
@@ -344,12 +353,12 @@ impl Method for Hierarchical<'_> {
             )?));
         }
         if let Some(summary) = state.finished(chunks.len()) {
-            let mut stats = serde_json::Map::new();
-            stats.insert("levels".into(), state.levels.len().into());
             return Ok(Advance::Done(Finish {
                 summary: summary.to_string(),
                 files: Vec::new(),
-                stats,
+                figures: HierarchicalFigures {
+                    levels: state.levels.len(),
+                },
             }));
         }
         if state.level_complete(chunks.len()) {

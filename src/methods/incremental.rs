@@ -24,6 +24,14 @@ pub struct IncrementalConfig {
 /// Compression calls one chunk may make before the best attempt is kept.
 const MAX_COMPRESSIONS: usize = 3;
 
+/// How often the summary had to be compressed, as `stats.json` reports it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IncrementalFigures {
+    pub compressions: usize,
+    pub compression_failures: usize,
+}
+
 /// Everything a run carries from one chunk to the next; saved in checkpoints.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct IncrementalState {
@@ -218,6 +226,7 @@ impl Judged {
 impl Method for Incremental<'_> {
     type State = IncrementalState;
     type Step = Step;
+    type Figures = IncrementalFigures;
 
     fn label(&self) -> String {
         "incremental".to_string()
@@ -261,22 +270,19 @@ impl Method for Incremental<'_> {
         llm: &mut dyn Llm,
         state: &mut IncrementalState,
         chunks: &[Chunk],
-    ) -> Result<Advance<Step>> {
+    ) -> Result<Advance<Step, IncrementalFigures>> {
         if let Some(chunk) = chunks.get(state.chunks_read) {
             let step = self.read(llm, state, chunk, chunks.len())?;
             state.chunks_read += 1;
             return Ok(Advance::Step(step));
         }
-        let mut stats = serde_json::Map::new();
-        stats.insert("compressions".into(), state.compressions.into());
-        stats.insert(
-            "compression_failures".into(),
-            state.compression_failures.into(),
-        );
         Ok(Advance::Done(Finish {
             summary: state.summary.clone(),
             files: Vec::new(),
-            stats,
+            figures: IncrementalFigures {
+                compressions: state.compressions,
+                compression_failures: state.compression_failures,
+            },
         }))
     }
 }

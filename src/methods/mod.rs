@@ -19,7 +19,10 @@ use crate::chunk::Chunk;
 use crate::error::Result;
 use crate::llm::Llm;
 use crate::memory::Schema;
-use crate::run::{drive, Outcome, Progress, RunFiles};
+use crate::run::{drive, Method, NoFigures, Outcome, Progress, RunFiles};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Map, Value};
 
 /// A method and every setting that decides its result.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -80,37 +83,31 @@ impl MethodSpec {
         chunks: &[Chunk],
         files: &RunFiles,
         progress: &mut dyn Progress,
-    ) -> Result<Outcome> {
+    ) -> Result<Outcome<MethodFigures>> {
+        let mut run = Runner {
+            llm,
+            chunks,
+            files,
+            progress,
+        };
         match self {
             MethodSpec::Prism { config, schema } => {
                 let schema = Schema::from_value(schema)?;
-                drive(
-                    &prism::Prism::new(config, &schema),
-                    llm,
-                    chunks,
-                    files,
-                    progress,
-                )
+                run.drive(&prism::Prism::new(config, &schema), MethodFigures::Prism)
             }
-            MethodSpec::Incremental { config } => drive(
+            MethodSpec::Incremental { config } => run.drive(
                 &incremental::Incremental::new(config),
-                llm,
-                chunks,
-                files,
-                progress,
+                MethodFigures::Incremental,
             ),
             MethodSpec::Hierarchical { config } => {
-                let context_tokens = llm.context_tokens();
-                drive(
+                let context_tokens = run.llm.context_tokens();
+                run.drive(
                     &hierarchical::Hierarchical::new(config, context_tokens),
-                    llm,
-                    chunks,
-                    files,
-                    progress,
+                    MethodFigures::Hierarchical,
                 )
             }
             MethodSpec::Detail { config } => {
-                drive(&detail::Detail::new(config), llm, chunks, files, progress)
+                run.drive(&detail::Detail::new(config), MethodFigures::None)
             }
             MethodSpec::CokFamily {
                 variant,
@@ -119,14 +116,84 @@ impl MethodSpec {
             } => {
                 let schema = schema.as_ref().map(Schema::from_value).transpose()?;
                 let method = cok::Cok::new(*variant, config, schema.as_ref())?;
-                drive(&method, llm, chunks, files, progress)
+                run.drive(&method, MethodFigures::Cok)
             }
-            MethodSpec::Cos { config } => {
-                drive(&cos::Cos::new(config), llm, chunks, files, progress)
-            }
+            MethodSpec::Cos { config } => run.drive(&cos::Cos::new(config), MethodFigures::Cos),
             MethodSpec::Whole { config } => {
-                drive(&whole::Whole::new(config), llm, chunks, files, progress)
+                run.drive(&whole::Whole::new(config), MethodFigures::None)
             }
         }
+    }
+}
+
+/// What [`MethodSpec::run`] hands to [`drive`] whatever the method.
+struct Runner<'a> {
+    llm: &'a mut dyn Llm,
+    chunks: &'a [Chunk],
+    files: &'a RunFiles<'a>,
+    progress: &'a mut dyn Progress,
+}
+
+impl Runner<'_> {
+    /// Drive `method`, naming its figures with `name`.
+    fn drive<M: Method>(
+        &mut self,
+        method: &M,
+        name: fn(M::Figures) -> MethodFigures,
+    ) -> Result<Outcome<MethodFigures>> {
+        let outcome = drive(method, self.llm, self.chunks, self.files, self.progress)?;
+        Ok(outcome.map_figures(name))
+    }
+}
+
+/// Every method's own figures in `stats.json`, under one type.
+///
+/// It serializes as the figures it holds, with no tag, so `stats.json` reads
+/// the same whatever the method. Reading back (bench rows) goes by the set of
+/// fields: each method's figures refuse fields they do not have.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum MethodFigures {
+    Prism(prism::PrismFigures),
+    Incremental(incremental::IncrementalFigures),
+    Hierarchical(hierarchical::HierarchicalFigures),
+    Cok(cok::CokFigures),
+    Cos(cos::CosFigures),
+    /// `whole` and `detail`, which report nothing of their own.
+    None(NoFigures),
+    /// Figures recorded by an earlier prism, whose fields differ from any of
+    /// today's methods; kept as they were, so a results file rewritten by
+    /// this version loses nothing.
+    Recorded(Map<String, Value>),
+}
+
+impl Default for MethodFigures {
+    fn default() -> Self {
+        MethodFigures::None(NoFigures {})
+    }
+}
+
+impl MethodFigures {
+    /// The figures `fields` hold, as the one method's type that reads them.
+    /// Each type refuses fields it does not have and requires those every
+    /// run of its method writes, so no two read the same fields.
+    pub fn from_fields(fields: Map<String, Value>) -> Self {
+        fn read<T: DeserializeOwned>(value: &Value) -> Option<T> {
+            T::deserialize(value).ok()
+        }
+        let value = Value::Object(fields.clone());
+        None.or_else(|| read(&value).map(MethodFigures::Prism))
+            .or_else(|| read(&value).map(MethodFigures::Incremental))
+            .or_else(|| read(&value).map(MethodFigures::Hierarchical))
+            .or_else(|| read(&value).map(MethodFigures::Cok))
+            .or_else(|| read(&value).map(MethodFigures::Cos))
+            .or_else(|| read(&value).map(MethodFigures::None))
+            .unwrap_or(MethodFigures::Recorded(fields))
+    }
+}
+
+impl<'de> Deserialize<'de> for MethodFigures {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        Ok(MethodFigures::from_fields(Map::deserialize(deserializer)?))
     }
 }

@@ -7,7 +7,7 @@ use super::baseline::{words_for, Call, SYSTEM};
 use crate::chunk::Chunk;
 use crate::error::{Error, Result};
 use crate::llm::{Llm, Prompt};
-use crate::run::{prompt_texts, Advance, Finish, Method, Position};
+use crate::run::{prompt_texts, Advance, Finish, Method, NoFigures, Position};
 
 /// Settings of one whole-document run; everything here is part of a run's identity.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -65,6 +65,7 @@ impl<'a> Whole<'a> {
 impl Method for Whole<'_> {
     type State = WholeState;
     type Step = Step;
+    type Figures = NoFigures;
 
     fn label(&self) -> String {
         "whole".to_string()

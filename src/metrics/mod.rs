@@ -6,7 +6,7 @@ pub mod degeneration;
 use crate::engine::Usage;
 
 /// The figures every report shows, derived from a [`Usage`] in one place.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Figures {
     pub prompt_tokens: usize,
     pub reused_tokens: usize,

@@ -21,7 +21,7 @@ use crate::metrics::{Figures, Ledger};
 use crate::run::dir::{Checkpoint, RunDir};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::time::Instant;
 
 /// A summarization method, as a sequence of resumable units of work.
@@ -30,6 +30,9 @@ pub trait Method {
     type State: Clone + Serialize + DeserializeOwned;
     /// What one unit did, as a line of `steps.jsonl`.
     type Step: Serialize + DeserializeOwned;
+    /// The method's own figures in `stats.json`, beside the [`RunStats`]
+    /// every run reports ([`NoFigures`] when it has none).
+    type Figures: Serialize + std::fmt::Debug;
 
     /// The name `stats.json` reports, e.g. `prism-amendments`.
     fn label(&self) -> String;
@@ -48,7 +51,7 @@ pub trait Method {
         llm: &mut dyn Llm,
         state: &mut Self::State,
         chunks: &[Chunk],
-    ) -> Result<Advance<Self::Step>>;
+    ) -> Result<Advance<Self::Step, Self::Figures>>;
 }
 
 /// The texts of `prompts`, built without document text (a [`blank_chunk`],
@@ -80,22 +83,27 @@ pub fn blank_chunk() -> Chunk {
 
 /// What a unit of work ended with.
 #[derive(Debug)]
-pub enum Advance<S> {
+pub enum Advance<S, F = NoFigures> {
     /// More work follows.
     Step(S),
     /// The summary is written; no step line is recorded for this unit.
-    Done(Finish),
+    Done(Finish<F>),
 }
 
 /// A finished method's output.
 #[derive(Debug, Default)]
-pub struct Finish {
+pub struct Finish<F = NoFigures> {
     pub summary: String,
     /// Further JSON files for the run directory, e.g. `memory.json`.
     pub files: Vec<(&'static str, Value)>,
-    /// Method-specific figures, added to `stats.json` next to the shared ones.
-    pub stats: Map<String, Value>,
+    /// The method's own figures, added to `stats.json` next to the shared ones.
+    pub figures: F,
 }
+
+/// The figures of a method that reports none of its own.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoFigures {}
 
 /// How far a run is: `done` of about `total` units; `stage` names the next one.
 ///
@@ -137,12 +145,38 @@ pub struct RunFiles<'a> {
     pub sampling: SamplingConfig,
 }
 
-/// The final figures of a run, as `stats.json`.
+/// The final figures of a run, as `stats.json`: the method's label, what
+/// every run reports, and the method's own figures.
 #[derive(Debug, Clone, Serialize)]
-pub struct Stats {
+pub struct Stats<F> {
     pub method: String,
     #[serde(flatten)]
     pub figures: Figures,
+    #[serde(flatten)]
+    pub run: RunStats,
+    #[serde(flatten)]
+    pub method_figures: F,
+}
+
+impl<F> Stats<F> {
+    /// The same stats with the method's figures converted, e.g. into the
+    /// one type that names every method's figures.
+    pub fn map_figures<G>(self, convert: impl FnOnce(F) -> G) -> Stats<G> {
+        Stats {
+            method: self.method,
+            figures: self.figures,
+            run: self.run,
+            method_figures: convert(self.method_figures),
+        }
+    }
+}
+
+/// What every run reports besides its [`Figures`], whatever its method.
+///
+/// The fields that are optional are always present in `stats.json`; they are
+/// `None` only in bench rows recorded before prism measured them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct RunStats {
     pub calls: usize,
     pub chunks: usize,
     /// Units of work, one line of `steps.jsonl` each.
@@ -151,27 +185,41 @@ pub struct Stats {
     pub summary_words: usize,
     /// The share of the summary's word 4-grams that occur in it more than
     /// once, in 0..1 ([`repeated_ngram_share`]): high when it loops.
-    pub repeated_ngram_share: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeated_ngram_share: Option<f64>,
     /// The share of the summary's sentences copied from the method's prompt
     /// texts, in 0..1 ([`echo_share`]).
-    pub echo_share: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub echo_share: Option<f64>,
     /// Seconds of work over every session of the run.
     pub wall_seconds: f64,
     /// How the model picked tokens.
-    pub sampling: SamplingConfig,
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<SamplingConfig>,
 }
 
 /// How a call to [`drive`] ended.
 // One is returned per run, so the size of `Finished` costs nothing worth a box.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
-pub enum Outcome {
+pub enum Outcome<F> {
     /// The method finished; the summary and stats are written.
-    Finished { summary: String, stats: Stats },
+    Finished { summary: String, stats: Stats<F> },
     /// `stop_after` units ran this time; `--resume` continues.
     Paused { completed: usize },
+}
+
+impl<F> Outcome<F> {
+    /// The same outcome with the method's figures converted ([`Stats::map_figures`]).
+    pub fn map_figures<G>(self, convert: impl FnOnce(F) -> G) -> Outcome<G> {
+        match self {
+            Outcome::Finished { summary, stats } => Outcome::Finished {
+                summary,
+                stats: stats.map_figures(convert),
+            },
+            Outcome::Paused { completed } => Outcome::Paused { completed },
+        }
+    }
 }
 
 /// What a checkpoint holds besides the method's own state.
@@ -191,7 +239,7 @@ pub fn drive<M: Method>(
     chunks: &[Chunk],
     files: &RunFiles,
     progress: &mut dyn Progress,
-) -> Result<Outcome> {
+) -> Result<Outcome<M::Figures>> {
     let dir = files.dir;
     let _lock = dir.lock()?;
     let checkpoint = dir.load_checkpoint::<Saved<M::State>>(&files.fingerprint)?;
@@ -272,16 +320,18 @@ pub fn drive<M: Method>(
     let stats = Stats {
         method: method.label(),
         figures: saved.ledger.figures(),
-        calls: saved.ledger.calls,
-        chunks: chunks.len(),
-        steps: completed,
-        summary_tokens: llm.count_tokens(&summary)?,
-        summary_words: summary.split_whitespace().count(),
-        repeated_ngram_share: repeated_ngram_share(&summary),
-        echo_share: echo_share(&summary, &method.template_texts()),
-        wall_seconds: saved.seconds,
-        sampling: files.sampling.clone(),
-        extra: finish.stats,
+        run: RunStats {
+            calls: saved.ledger.calls,
+            chunks: chunks.len(),
+            steps: completed,
+            summary_tokens: llm.count_tokens(&summary)?,
+            summary_words: summary.split_whitespace().count(),
+            repeated_ngram_share: Some(repeated_ngram_share(&summary)),
+            echo_share: Some(echo_share(&summary, &method.template_texts())),
+            wall_seconds: saved.seconds,
+            sampling: Some(files.sampling.clone()),
+        },
+        method_figures: finish.figures,
     };
     dir.write_text(RunDir::SUMMARY, &format!("{summary}\n"))?;
     for (name, value) in &finish.files {

@@ -34,7 +34,7 @@ use crate::metrics::Tokens;
 use crate::run::dir::RunDir;
 use crate::run::{prompt_texts, Advance, Finish, Method, Position};
 use chain::KeyChain;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::time::Instant;
 
 /// Which of the paper's methods runs.
@@ -110,6 +110,27 @@ pub struct Counts {
     pub compressions: usize,
     /// Compressions refused: unreadable, or no shorter than the memory.
     pub compressions_failed: usize,
+}
+
+/// The [`Counts`] of one variant and the final memory's size, as
+/// `stats.json` reports them; a count the variant cannot change is left out.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CokFigures {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updates_rejected: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedups_rejected: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revisions_applied: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revisions_rejected: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chains_complete: Option<usize>,
+    pub compressions: usize,
+    pub compressions_failed: usize,
+    /// Tokens of the final memory.
+    pub memory_tokens: usize,
 }
 
 /// Everything a run carries from one unit to the next; saved in checkpoints.
@@ -366,47 +387,43 @@ impl<'a> Cok<'a> {
     }
 
     /// Answer the query from the final memory.
-    fn finish(&self, llm: &mut dyn Llm, state: &CokState) -> Result<Finish> {
+    fn finish(&self, llm: &mut dyn Llm, state: &CokState) -> Result<Finish<CokFigures>> {
         let mut tail = memory_segments(&state.memory);
         tail.push(self.answer_request());
         let completion = llm.complete(&self.prompt(tail), self.config.answer_tokens, None)?;
         Ok(Finish {
             summary: completion.text.trim().to_string(),
             files: vec![(RunDir::MEMORY, state.memory.clone())],
-            stats: self.stats(state),
+            figures: self.figures(state),
         })
     }
 
-    /// The figures `stats.json` reports for this variant.
-    fn stats(&self, state: &CokState) -> Map<String, Value> {
+    /// The counts `stats.json` reports for this variant: only those its
+    /// kind of step can change.
+    fn figures(&self, state: &CokState) -> CokFigures {
         let counts = &state.counts;
-        let mut figures: Vec<(&str, usize)> = match self.kind {
-            Kind::GuText | Kind::GuJson(_) => vec![("updates_rejected", counts.updates_rejected)],
-            Kind::GmJson(_) => vec![
-                ("updates_rejected", counts.updates_rejected),
-                ("dedups_rejected", counts.dedups_rejected),
-            ],
-            Kind::Cok(_) => vec![
-                ("revisions_applied", counts.revisions_applied),
-                ("revisions_rejected", counts.revisions_rejected),
-                ("chains_complete", counts.chains_complete),
-            ],
+        let (updating, merging, chaining) = match self.kind {
+            Kind::GuText | Kind::GuJson(_) => (true, false, false),
+            Kind::GmJson(_) => (true, true, false),
+            Kind::Cok(_) => (false, false, true),
         };
-        figures.extend([
-            ("compressions", counts.compressions),
-            ("compressions_failed", counts.compressions_failed),
-            ("memory_tokens", state.memory_tokens),
-        ]);
-        figures
-            .into_iter()
-            .map(|(name, count)| (name.to_string(), count.into()))
-            .collect()
+        CokFigures {
+            updates_rejected: updating.then_some(counts.updates_rejected),
+            dedups_rejected: merging.then_some(counts.dedups_rejected),
+            revisions_applied: chaining.then_some(counts.revisions_applied),
+            revisions_rejected: chaining.then_some(counts.revisions_rejected),
+            chains_complete: chaining.then_some(counts.chains_complete),
+            compressions: counts.compressions,
+            compressions_failed: counts.compressions_failed,
+            memory_tokens: state.memory_tokens,
+        }
     }
 }
 
 impl Method for Cok<'_> {
     type State = CokState;
     type Step = Step;
+    type Figures = CokFigures;
 
     fn label(&self) -> String {
         let mut label = self.variant.name().to_string();
@@ -483,7 +500,7 @@ impl Method for Cok<'_> {
         llm: &mut dyn Llm,
         state: &mut CokState,
         chunks: &[Chunk],
-    ) -> Result<Advance<Step>> {
+    ) -> Result<Advance<Step, CokFigures>> {
         let start = Instant::now();
         let (mut step, then) = match state.next {
             Phase::Read => {

@@ -115,6 +115,19 @@ pub struct PrismState {
     pub consolidations: usize,
 }
 
+/// What became of the revisions the model wrote, as `stats.json` reports it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrismFigures {
+    pub revisions_applied: usize,
+    pub revisions_rejected: usize,
+    pub revisions_duplicate: usize,
+    pub revisions_echo: usize,
+    pub revisions_capped: usize,
+    pub revision_steps_stopped: usize,
+    pub consolidations: usize,
+}
+
 impl PrismState {
     pub fn new(schema: &Schema) -> Self {
         let memory = schema.empty_memory();
@@ -457,6 +470,7 @@ pub struct AnswerPart {
 impl Method for Prism<'_> {
     type State = PrismState;
     type Step = Step;
+    type Figures = PrismFigures;
 
     fn label(&self) -> String {
         let memory = match self.config.memory {
@@ -506,31 +520,26 @@ impl Method for Prism<'_> {
         llm: &mut dyn Llm,
         state: &mut PrismState,
         chunks: &[Chunk],
-    ) -> Result<Advance<Step>> {
+    ) -> Result<Advance<Step, PrismFigures>> {
         if let Some(chunk) = chunks.get(state.chunks_read) {
             let step = self.step(llm, state, chunk, chunks.len())?;
             state.chunks_read += 1;
             return Ok(Advance::Step(step));
         }
         let summary = self.answer(llm, state)?;
-        let mut stats = serde_json::Map::new();
-        stats.insert("revisions_applied".into(), state.revisions_applied.into());
-        stats.insert("revisions_rejected".into(), state.revisions_rejected.into());
-        stats.insert(
-            "revisions_duplicate".into(),
-            state.revisions_duplicate.into(),
-        );
-        stats.insert("revisions_echo".into(), state.revisions_echo.into());
-        stats.insert("revisions_capped".into(), state.revisions_capped.into());
-        stats.insert(
-            "revision_steps_stopped".into(),
-            state.revision_steps_stopped.into(),
-        );
-        stats.insert("consolidations".into(), state.consolidations.into());
+        let figures = PrismFigures {
+            revisions_applied: state.revisions_applied,
+            revisions_rejected: state.revisions_rejected,
+            revisions_duplicate: state.revisions_duplicate,
+            revisions_echo: state.revisions_echo,
+            revisions_capped: state.revisions_capped,
+            revision_steps_stopped: state.revision_steps_stopped,
+            consolidations: state.consolidations,
+        };
         Ok(Advance::Done(Finish {
             summary,
             files: vec![(RunDir::MEMORY, state.memory.clone())],
-            stats,
+            figures,
         }))
     }
 }
