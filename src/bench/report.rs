@@ -146,20 +146,11 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
     thread_counts.sort_unstable();
     thread_counts.dedup();
     let threads_vary = thread_counts.len() > 1;
-    out.push_str(
-        "| Method | Cache hit (%) | Total (×10³) | Net (×10³) | Output (×10³) | Cost index | Wall (s) |",
-    );
-    if threads_vary {
-        out.push_str(" Threads |");
-    }
-    out.push_str(" Calls | Summary tokens | Rep. 4-gram (%) | Echo (%) |");
-    let titles = revisions.iter().map(|(_, title)| title);
-    for title in titles.chain(quality.iter().map(|(_, title)| title)) {
-        let _ = write!(out, " {title} |");
-    }
-    out.push_str("\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
-    out.push_str(&"--:|".repeat(revisions.len() + quality.len() + usize::from(threads_vary)));
-    out.push('\n');
+    let extra_titles = revisions.iter().map(|(_, title)| *title);
+    let extra_titles: Vec<&str> = extra_titles
+        .chain(quality.iter().map(|(_, title)| *title))
+        .collect();
+    table_head(out, threads_vary, &extra_titles);
     let mut shown = Vec::new();
     for method in methods(rows) {
         let Some(row) = find(rows, method, chunk_tokens) else {
@@ -200,6 +191,24 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
         shown.push(row);
     }
     let _ = writeln!(out, "\n{}", sampling_line(&shown));
+}
+
+/// The head of a Table 3: the columns every run has, a threads column when
+/// thread counts vary, then `extra_titles`.
+fn table_head(out: &mut String, threads_vary: bool, extra_titles: &[&str]) {
+    out.push_str(
+        "| Method | Cache hit (%) | Total (×10³) | Net (×10³) | Output (×10³) | Cost index | Wall (s) |",
+    );
+    if threads_vary {
+        out.push_str(" Threads |");
+    }
+    out.push_str(" Calls | Summary tokens | Rep. 4-gram (%) | Echo (%) |");
+    for title in extra_titles {
+        let _ = write!(out, " {title} |");
+    }
+    out.push_str("\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    out.push_str(&"--:|".repeat(extra_titles.len() + usize::from(threads_vary)));
+    out.push('\n');
 }
 
 /// PRISM's own figures of `row`, when it is a PRISM run that recorded today's counts.

@@ -145,58 +145,15 @@ pub fn run(
 ) -> Result<SweepOutcome> {
     sweep.validate()?;
     let out = sweep.out.as_path();
-    let document_tokens = Document::count(engine, &sweep.document, &sweep.text)?;
     let bench = RunDir::create(out)?;
     let mut rows: Vec<Row> = bench.read_jsonl(RESULTS)?;
     write_reports(&bench, &rows)?;
-
-    // One split per chunk size actually used: `detail` picks its own from --detail.
-    let mut documents: Vec<Document> = Vec::new();
-    // Chunk size by chunk size, so a paused sweep has whole tables.
-    let mut plan = Vec::new();
-    for &chunk_tokens in &sweep.chunk_sizes {
-        for method in &sweep.methods {
-            let size = method.spec.chunk_tokens(chunk_tokens, document_tokens)?;
-            let document = match documents.iter().position(|d| d.chunk_tokens == size) {
-                Some(index) => index,
-                None => {
-                    documents.push(Document::split(
-                        engine,
-                        &sweep.text,
-                        document_tokens,
-                        size,
-                        sweep.first_tokens,
-                    )?);
-                    documents.len() - 1
-                }
-            };
-            let name = format!("{}-{chunk_tokens}", method.name);
-            plan.push(Planned {
-                method,
-                chunk_tokens,
-                document,
-                run_dir: format!("{RUNS}/{name}"),
-                path: out.join(RUNS).join(name),
-            });
-        }
-    }
-    let context = SweepContext::new(sweep, engine);
+    let (documents, plan) = plan(sweep, engine)?;
     let job = |planned| Planned::job(planned, &documents, &sweep.sampling, sweep.resume);
-    let mut pending = Vec::new();
-    for planned in &plan {
-        let fingerprint = job(planned).fingerprint(&engine.identity());
-        if let Some(index) = finished(&rows, planned, out) {
-            let row = &rows[index];
-            if row.fingerprint != fingerprint {
-                return Err(Error::invalid(
-                    out.join(&row.run_dir).display().to_string(),
-                    "finished with other settings than this sweep's; choose another --out",
-                ));
-            }
-        } else {
-            pending.push(planned);
-        }
-    }
+    let identity = engine.identity();
+    let pending = unfinished(&plan, &rows, out, |planned| {
+        Planned::job(planned, &documents, &sweep.sampling, sweep.resume).fingerprint(&identity)
+    })?;
     progress.note(&format!(
         "{}: {} tokens; {} run{} to do ({} already finished){}",
         sweep.document.display(),
@@ -209,23 +166,10 @@ pub fn run(
 
     let mut judge: Option<Engine> = None;
     if let Some(judging) = &sweep.judging {
-        // Runs finished by an earlier session without --quality are judged now,
-        // so a sweep can be scored after the fact without redoing it.
-        let unjudged = plan
-            .iter()
-            .filter_map(|planned| finished(&rows, planned, out))
-            .filter(|&index| !rows[index].scores.complete(judging.questions.is_some()))
-            .collect::<Vec<_>>();
-        for index in unjudged {
-            let judge = loaded_judge(&mut judge, judging)?;
-            let run_dir = out.join(&rows[index].run_dir);
-            progress.note(&format!("judging {}", run_dir.display()));
-            rows[index].scores = judge_summary(judge, &run_dir, judging.questions.as_deref())?;
-            bench.rewrite_jsonl(RESULTS, &rows)?;
-            write_reports(&bench, &rows)?;
-        }
+        judge_earlier_runs(&bench, &mut rows, &plan, judging, &mut judge, progress)?;
     }
 
+    let context = SweepContext::new(sweep, engine);
     for (index, planned) in pending.iter().enumerate() {
         if sweep.stop_after_runs.is_some_and(|limit| index >= limit) {
             progress.note(&format!(
@@ -244,21 +188,8 @@ pub fn run(
             planned.chunk_tokens,
             plan.len()
         ));
-        // Each run starts cold, as it would on a freshly loaded engine.
-        engine.clear_cache();
         let job = job(planned);
-        let Outcome::Finished { stats, .. } = job.run(engine, progress)? else {
-            return Err(Error::invalid(
-                job.out.display().to_string(),
-                "stopped before finishing",
-            ));
-        };
-        let mut row = context.row(
-            planned,
-            &documents[planned.document],
-            job.fingerprint(&engine.identity()),
-            stats,
-        );
+        let mut row = context.run(engine, &job, planned, progress)?;
         if let Some(judging) = &sweep.judging {
             let judge = loaded_judge(&mut judge, judging)?;
             progress.run_begins(&format!("judging {} ", planned.method.name));
@@ -287,6 +218,92 @@ pub fn run(
         rows,
         paused_after: None,
     })
+}
+
+/// The planned runs without a finished row. A finished run is kept only if
+/// this sweep would run it the same way (the same `fingerprint`).
+fn unfinished<'p>(
+    plan: &'p [Planned<'p>],
+    rows: &[Row],
+    out: &Path,
+    fingerprint: impl Fn(&Planned) -> String,
+) -> Result<Vec<&'p Planned<'p>>> {
+    let mut pending = Vec::new();
+    for planned in plan {
+        match finished(rows, planned, out) {
+            Some(index) if rows[index].fingerprint != fingerprint(planned) => {
+                return Err(Error::invalid(
+                    out.join(&rows[index].run_dir).display().to_string(),
+                    "finished with other settings than this sweep's; choose another --out",
+                ))
+            }
+            Some(_) => {}
+            None => pending.push(planned),
+        }
+    }
+    Ok(pending)
+}
+
+/// Judge the runs an earlier session finished without `--quality`, so a
+/// sweep can be scored after the fact without redoing it.
+fn judge_earlier_runs(
+    bench: &RunDir,
+    rows: &mut [Row],
+    plan: &[Planned],
+    judging: &Judging,
+    judge: &mut Option<Engine>,
+    progress: &mut dyn SweepProgress,
+) -> Result<()> {
+    let unjudged = plan
+        .iter()
+        .filter_map(|planned| finished(rows, planned, bench.path()))
+        .filter(|&index| !rows[index].scores.complete(judging.questions.is_some()))
+        .collect::<Vec<_>>();
+    for index in unjudged {
+        let judge = loaded_judge(judge, judging)?;
+        let run_dir = bench.path().join(&rows[index].run_dir);
+        progress.note(&format!("judging {}", run_dir.display()));
+        rows[index].scores = judge_summary(judge, &run_dir, judging.questions.as_deref())?;
+        bench.rewrite_jsonl(RESULTS, rows)?;
+        write_reports(bench, rows)?;
+    }
+    Ok(())
+}
+
+/// The sweep's runs, chunk size by chunk size so a paused sweep has whole
+/// tables, and the document split once per chunk size they use (`detail`
+/// picks its own from `--detail`).
+fn plan<'a>(sweep: &'a Sweep, engine: &Engine) -> Result<(Vec<Document>, Vec<Planned<'a>>)> {
+    let document_tokens = Document::count(engine, &sweep.document, &sweep.text)?;
+    let mut documents: Vec<Document> = Vec::new();
+    let mut plan = Vec::new();
+    for &chunk_tokens in &sweep.chunk_sizes {
+        for method in &sweep.methods {
+            let size = method.spec.chunk_tokens(chunk_tokens, document_tokens)?;
+            let document = match documents.iter().position(|d| d.chunk_tokens == size) {
+                Some(index) => index,
+                None => {
+                    documents.push(Document::split(
+                        engine,
+                        &sweep.text,
+                        document_tokens,
+                        size,
+                        sweep.first_tokens,
+                    )?);
+                    documents.len() - 1
+                }
+            };
+            let name = format!("{}-{chunk_tokens}", method.name);
+            plan.push(Planned {
+                method,
+                chunk_tokens,
+                document,
+                run_dir: format!("{RUNS}/{name}"),
+                path: sweep.out.join(RUNS).join(name),
+            });
+        }
+    }
+    Ok((documents, plan))
 }
 
 /// `prism bench report DIR`: rebuild results.csv, report.md and the charts
@@ -419,6 +436,26 @@ impl SweepContext {
             git_dirty,
             command: sweep.command.clone(),
         }
+    }
+
+    /// Run `job` from a cold cache, as it would run on a freshly loaded
+    /// engine, and make its row.
+    fn run(
+        &self,
+        engine: &mut Engine,
+        job: &Job,
+        planned: &Planned,
+        progress: &mut dyn Progress,
+    ) -> Result<Row> {
+        engine.clear_cache();
+        let Outcome::Finished { stats, .. } = job.run(engine, progress)? else {
+            return Err(Error::invalid(
+                job.out.display().to_string(),
+                "stopped before finishing",
+            ));
+        };
+        let fingerprint = job.fingerprint(&engine.identity());
+        Ok(self.row(planned, job.document, fingerprint, stats))
     }
 
     fn row(

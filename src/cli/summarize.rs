@@ -155,51 +155,12 @@ impl MethodArgs {
                     max_summary_tokens: self.max_summary_tokens()?,
                 },
             },
-            MethodName::Detail => {
-                anyhow::ensure!(
-                    (0.0..=1.0).contains(&self.detail),
-                    "--detail must be between 0 and 1, not {}",
-                    self.detail
-                );
-                anyhow::ensure!(
-                    self.min_chunk_tokens > 0,
-                    "--min-chunk-tokens must be at least 1"
-                );
-                MethodSpec::Detail {
-                    config: DetailConfig {
-                        query: self.query.clone(),
-                        detail: self.detail,
-                        min_chunk_tokens: self.min_chunk_tokens,
-                        recursive: self.recursive,
-                        max_summary_tokens: self.max_summary_tokens()?,
-                    },
-                }
-            }
+            MethodName::Detail => self.detail_spec()?,
             MethodName::GuText => self.cok_spec(Variant::GuText, None),
             MethodName::GuJson => self.cok_spec(Variant::GuJson, Some(self.schema_json()?)),
             MethodName::GmJson => self.cok_spec(Variant::GmJson, Some(self.schema_json()?)),
             MethodName::Cok => self.cok_spec(Variant::Cok, Some(self.schema_json()?)),
-            MethodName::Cos => {
-                anyhow::ensure!(
-                    self.questions_per_iteration > 0,
-                    "--questions-per-iteration must be at least 1"
-                );
-                anyhow::ensure!(
-                    (0.0..=1.0).contains(&self.fail_f1),
-                    "--fail-f1 must be between 0 and 1"
-                );
-                MethodSpec::Cos {
-                    config: CosConfig {
-                        qa_pairs: self.qa_pairs,
-                        iterations: self.iterations,
-                        questions_per_iteration: self.questions_per_iteration,
-                        fail_f1: self.fail_f1,
-                        seed: self.qa_seed,
-                        summary_tokens: self.answer_tokens,
-                        constrained: self.constrained == OnOff::On,
-                    },
-                }
-            }
+            MethodName::Cos => self.cos_spec()?,
             MethodName::Whole => {
                 anyhow::ensure!(self.answer_tokens > 0, "--answer-tokens must be at least 1");
                 MethodSpec::Whole {
@@ -209,6 +170,49 @@ impl MethodArgs {
                     },
                 }
             }
+        })
+    }
+
+    fn detail_spec(&self) -> Result<MethodSpec> {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.detail),
+            "--detail must be between 0 and 1, not {}",
+            self.detail
+        );
+        anyhow::ensure!(
+            self.min_chunk_tokens > 0,
+            "--min-chunk-tokens must be at least 1"
+        );
+        Ok(MethodSpec::Detail {
+            config: DetailConfig {
+                query: self.query.clone(),
+                detail: self.detail,
+                min_chunk_tokens: self.min_chunk_tokens,
+                recursive: self.recursive,
+                max_summary_tokens: self.max_summary_tokens()?,
+            },
+        })
+    }
+
+    fn cos_spec(&self) -> Result<MethodSpec> {
+        anyhow::ensure!(
+            self.questions_per_iteration > 0,
+            "--questions-per-iteration must be at least 1"
+        );
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.fail_f1),
+            "--fail-f1 must be between 0 and 1"
+        );
+        Ok(MethodSpec::Cos {
+            config: CosConfig {
+                qa_pairs: self.qa_pairs,
+                iterations: self.iterations,
+                questions_per_iteration: self.questions_per_iteration,
+                fail_f1: self.fail_f1,
+                seed: self.qa_seed,
+                summary_tokens: self.answer_tokens,
+                constrained: self.constrained == OnOff::On,
+            },
         })
     }
 

@@ -242,43 +242,7 @@ pub fn drive<M: Method>(
 ) -> Result<Outcome<M::Figures>> {
     let dir = files.dir;
     let _lock = dir.lock()?;
-    let checkpoint = dir.load_checkpoint::<Saved<M::State>>(&files.fingerprint)?;
-    let (mut saved, mut completed) = match checkpoint {
-        Some(checkpoint) if files.resume => (checkpoint.state, checkpoint.completed_steps),
-        Some(_) => {
-            return Err(Error::invalid(
-                dir.path().display().to_string(),
-                "holds a run already; pass --resume to continue it, or choose another --out",
-            ))
-        }
-        None => {
-            // Steps with no checkpoint to account for them are work that
-            // starting over would throw away; say so instead.
-            let steps = dir.read_jsonl::<Value>(RunDir::STEPS)?.len();
-            if steps > 0 {
-                return Err(Error::invalid(
-                    dir.path().display().to_string(),
-                    format!(
-                        "holds {steps} steps but no readable checkpoint to resume them from; move {} away to start over, or choose another --out",
-                        RunDir::STEPS
-                    ),
-                ));
-            }
-            let fresh = Saved {
-                method: method.start(chunks),
-                ledger: Ledger::default(),
-                seconds: 0.0,
-            };
-            (fresh, 0)
-        }
-    };
-    // Keep steps.jsonl in step with the checkpoint: a crash between the two
-    // writes must not leave a step recorded twice.
-    let mut steps: Vec<M::Step> = dir.read_jsonl(RunDir::STEPS)?;
-    steps.truncate(completed);
-    dir.rewrite_jsonl(RunDir::STEPS, &steps)?;
-    drop(steps);
-
+    let (mut saved, mut completed) = restore(method, chunks, files)?;
     progress.begin(&method.position(&saved.method, chunks));
     let session = Instant::now();
     let mut seconds_at_save = 0.0;
@@ -315,7 +279,67 @@ pub fn drive<M: Method>(
             }
         }
     };
+    let (summary, stats) = write_finish(method, &*llm, chunks, files, &saved, completed, finish)?;
+    Ok(Outcome::Finished { summary, stats })
+}
 
+/// Where the run in `files.dir` stands: the checkpoint's state when resuming,
+/// else a fresh start; with `steps.jsonl` cut back to the steps it accounts for.
+fn restore<M: Method>(
+    method: &M,
+    chunks: &[Chunk],
+    files: &RunFiles,
+) -> Result<(Saved<M::State>, usize)> {
+    let dir = files.dir;
+    let checkpoint = dir.load_checkpoint::<Saved<M::State>>(&files.fingerprint)?;
+    let (saved, completed) = match checkpoint {
+        Some(checkpoint) if files.resume => (checkpoint.state, checkpoint.completed_steps),
+        Some(_) => {
+            return Err(Error::invalid(
+                dir.path().display().to_string(),
+                "holds a run already; pass --resume to continue it, or choose another --out",
+            ))
+        }
+        None => {
+            // Steps with no checkpoint to account for them are work that
+            // starting over would throw away; say so instead.
+            let steps = dir.read_jsonl::<Value>(RunDir::STEPS)?.len();
+            if steps > 0 {
+                return Err(Error::invalid(
+                    dir.path().display().to_string(),
+                    format!(
+                        "holds {steps} steps but no readable checkpoint to resume them from; move {} away to start over, or choose another --out",
+                        RunDir::STEPS
+                    ),
+                ));
+            }
+            let fresh = Saved {
+                method: method.start(chunks),
+                ledger: Ledger::default(),
+                seconds: 0.0,
+            };
+            (fresh, 0)
+        }
+    };
+    // Keep steps.jsonl in step with the checkpoint: a crash between the two
+    // writes must not leave a step recorded twice.
+    let mut steps: Vec<M::Step> = dir.read_jsonl(RunDir::STEPS)?;
+    steps.truncate(completed);
+    dir.rewrite_jsonl(RunDir::STEPS, &steps)?;
+    Ok((saved, completed))
+}
+
+/// Write the finished run's `summary.txt`, its method's files and
+/// `stats.json`, and return the summary and stats.
+fn write_finish<M: Method>(
+    method: &M,
+    llm: &dyn Llm,
+    chunks: &[Chunk],
+    files: &RunFiles,
+    saved: &Saved<M::State>,
+    completed: usize,
+    finish: Finish<M::Figures>,
+) -> Result<(String, Stats<M::Figures>)> {
     let summary = finish.summary.trim().to_string();
     let stats = Stats {
         method: method.label(),
@@ -333,12 +357,13 @@ pub fn drive<M: Method>(
         },
         method_figures: finish.figures,
     };
+    let dir = files.dir;
     dir.write_text(RunDir::SUMMARY, &format!("{summary}\n"))?;
     for (name, value) in &finish.files {
         dir.write_json(name, value)?;
     }
     dir.write_json(RunDir::STATS, &stats)?;
-    Ok(Outcome::Finished { summary, stats })
+    Ok((summary, stats))
 }
 
 /// An [`Llm`] that records every call in the run's ledger and refuses a
