@@ -334,3 +334,26 @@ fn a_second_fetch_of_a_model_waits_for_the_first() {
     assert_eq!(fs::read(fetched.unwrap()).unwrap(), fx.whole);
     assert!(lines.iter().any(|l| l.contains("waiting")), "{lines:#?}");
 }
+
+#[test]
+fn a_gguf_repo_tag_offline_and_uncached_is_one_error_line() {
+    let cache = tempfile::tempdir().unwrap();
+    let output = crate::common::prism()
+        .args([
+            "generate",
+            "--prompt",
+            "hello",
+            "--model",
+            "prism-tests/tiny-GGUF:Q4_K_M",
+        ])
+        .env("HF_HUB_OFFLINE", "1")
+        .env("HF_HUB_CACHE", cache.path())
+        .output()
+        .unwrap();
+    let result = (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    );
+    crate::common::assert_one_error_line(&result, "no GGUF file tagged Q4_K_M is in the cache");
+}

@@ -187,7 +187,7 @@ impl DocumentLimit {
 /// Flags that choose and load the model.
 #[derive(Debug, Args)]
 pub struct EngineArgs {
-    /// A known model name (see `prism models list`), a .gguf file, a model directory, or a Hugging Face repo id.
+    /// A known model name (see `prism models list`), a .gguf file, a model directory, a Hugging Face repo id, or owner/repo:QUANT for one GGUF file of a hub repo (e.g. Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q4_K_M).
     #[arg(long, short, default_value = prism::models::DEFAULT_MODEL)]
     pub model: String,
     /// CPU threads (default: physical cores; at most 1024).

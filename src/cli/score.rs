@@ -30,7 +30,7 @@ enum ScoreCommand {
 #[derive(Debug, Args)]
 #[command(mut_arg("model", |arg| arg
     .visible_alias("judge-model")
-    .help("The judge: a known model name (see `prism models list`), a .gguf file, a model directory, or a Hugging Face repo id")))]
+    .help("The judge: a known model name (see `prism models list`), a .gguf file, a model directory, a Hugging Face repo id, or owner/repo:QUANT for one GGUF file of a hub repo (e.g. Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q4_K_M)")))]
 pub struct CoherenceArgs {
     /// The summary: a UTF-8 text file.
     summary: PathBuf,

@@ -1,5 +1,7 @@
 //! Hugging Face hub repos: found in the hf-hub cache when complete there,
-//! else downloaded into it, within a deadline.
+//! else downloaded into it, within a deadline. A repo of safetensors weights
+//! is loaded whole; from a repo of GGUF files one is picked by its
+//! quantization tag (`owner/repo:Q4_K_M`), as llama.cpp's `-hf` picks it.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -7,9 +9,9 @@ use std::time::Duration;
 
 use hf_hub::api::sync::{Api, ApiBuilder};
 use hf_hub::api::RepoInfo;
-use hf_hub::Cache;
+use hf_hub::{Cache, Repo};
 
-use super::{check_model_dir, safetensors_shards};
+use super::{check_gguf_file, check_model_dir, safetensors_shards};
 use crate::engine::source::ModelSource;
 use crate::{Error, Result};
 
@@ -82,6 +84,52 @@ impl Hub {
         self.download(repo_id)
     }
 
+    /// The GGUF file of `repo_id` tagged `quant`: from the cached snapshot
+    /// when it is there, else downloaded.
+    pub(super) fn resolve_gguf(&self, repo_id: &str, quant: &str) -> Result<ModelSource> {
+        let spec = format!("{repo_id}:{quant}");
+        if let Some(snapshot) = self.cached_snapshot(repo_id) {
+            let files = gguf_files_in(&snapshot);
+            if let Ok(file) = pick_gguf(&files, quant) {
+                return gguf_source(snapshot.join(file));
+            }
+        }
+        if self.offline {
+            return Err(self.error(
+                &spec,
+                format!(
+                    "HF_HUB_OFFLINE is set and no GGUF file tagged {quant} is in the cache at {}",
+                    self.cache.path().display()
+                ),
+            ));
+        }
+        let api = self.api(repo_id)?;
+        let info = self.repo_info(&api, repo_id)?;
+        let files: Vec<String> = info
+            .siblings
+            .iter()
+            .map(|sibling| sibling.rfilename.clone())
+            .filter(|name| name.to_ascii_lowercase().ends_with(".gguf"))
+            .collect();
+        let file = pick_gguf(&files, quant).map_err(|reason| self.error(&spec, reason))?;
+        let path = api
+            .model(repo_id.to_string())
+            .get(&file)
+            .map_err(|err| self.error(&spec, format!("downloading {file}: {err}")))?;
+        gguf_source(path)
+    }
+
+    /// The directory of the cached snapshot `refs/main` points at, if any.
+    fn cached_snapshot(&self, repo_id: &str) -> Option<PathBuf> {
+        let repo = self
+            .cache
+            .path()
+            .join(Repo::model(repo_id.to_string()).folder_name());
+        let commit = std::fs::read_to_string(repo.join("refs").join("main")).ok()?;
+        let snapshot = repo.join("snapshots").join(commit.trim());
+        snapshot.is_dir().then_some(snapshot)
+    }
+
     /// The cached snapshot directory of `repo_id`, if it holds a complete model.
     fn cached_dir(&self, repo_id: &str) -> Option<PathBuf> {
         let config = self.cache.model(repo_id.to_string()).get("config.json")?;
@@ -89,7 +137,8 @@ impl Hub {
         check_model_dir(&dir).ok().map(|()| dir)
     }
 
-    fn download(&self, repo_id: &str) -> Result<ModelSource> {
+    /// A hub client on our cache, endpoint and token.
+    fn api(&self, repo_id: &str) -> Result<Api> {
         let mut builder = ApiBuilder::from_cache(self.cache.clone());
         if let Some(endpoint) = &self.endpoint {
             builder = builder.with_endpoint(endpoint.clone());
@@ -97,22 +146,35 @@ impl Hub {
         if self.token.is_some() {
             builder = builder.with_token(self.token.clone());
         }
-        let api = builder
+        builder
             .build()
-            .map_err(|err| self.error(repo_id, err.to_string()))?;
+            .map_err(|err| self.error(repo_id, err.to_string()))
+    }
+
+    fn download(&self, repo_id: &str) -> Result<ModelSource> {
+        let api = self.api(repo_id)?;
         let info = self.repo_info(&api, repo_id)?;
         let listed = |file: &str| info.siblings.iter().any(|s| s.rfilename == file);
 
         let mut files = Vec::new();
         for required in ["config.json", "tokenizer.json"] {
             if !listed(required) {
+                let has_gguf = info
+                    .siblings
+                    .iter()
+                    .any(|s| s.rfilename.to_ascii_lowercase().ends_with(".gguf"));
+                let hint = if has_gguf {
+                    format!(
+                        "it holds GGUF files: name one by its quantization, e.g. {repo_id}:Q4_K_M"
+                    )
+                } else {
+                    "prism loads hub repos with config.json, tokenizer.json and safetensors \
+                     weights, or a GGUF file named as owner/repo:QUANT"
+                        .to_string()
+                };
                 return Err(Error::BadModelFile {
                     path: PathBuf::from(repo_id),
-                    reason: format!(
-                        "the repo has no {required}; prism loads hub repos with config.json, \
-                         tokenizer.json and safetensors weights (for a GGUF repo, download the \
-                         .gguf file and pass its path)"
-                    ),
+                    reason: format!("the repo has no {required}; {hint}"),
                 });
             }
             files.push(required.to_string());
@@ -203,4 +265,64 @@ impl Hub {
             )),
         }
     }
+}
+
+/// The names of the GGUF files directly in `dir`.
+fn gguf_files_in(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter(|name| name.to_ascii_lowercase().ends_with(".gguf"))
+        .collect()
+}
+
+/// The one file of `files` whose name ends in the quantization tag `quant`
+/// (any case), after a `-`, `.` or `_`: `model-Q4_K_M.gguf` for `q4_k_m`.
+/// Split files (`-00001-of-00003.gguf`) are refused, since prism loads one
+/// file; so is a tag that matches none or several.
+pub(super) fn pick_gguf(files: &[String], quant: &str) -> std::result::Result<String, String> {
+    let tag = quant.to_ascii_lowercase();
+    let tagged = |name: &String| {
+        let lower = name.to_ascii_lowercase();
+        let stem = lower.strip_suffix(".gguf").unwrap_or(&lower);
+        stem.strip_suffix(tag.as_str())
+            .is_some_and(|before| before.is_empty() || before.ends_with(['-', '.', '_']))
+    };
+    let matches: Vec<&String> = files.iter().filter(|name| tagged(name)).collect();
+    match matches.as_slice() {
+        [one] => Ok(one.to_string()),
+        [] if files.iter().any(|name| {
+            name.to_ascii_lowercase()
+                .contains(&format!("{tag}-00001-of-"))
+        }) =>
+        {
+            Err(format!(
+                "the {quant} weights are split into several files; prism loads one GGUF file \
+             (merge them with llama.cpp's `llama-gguf-split --merge`)"
+            ))
+        }
+        [] if files.is_empty() => Err("the repo holds no GGUF file".to_string()),
+        [] => Err(format!(
+            "no GGUF file tagged {quant}; the repo has {}",
+            files.join(", ")
+        )),
+        several => Err(format!(
+            "several GGUF files are tagged {quant}: {}",
+            several
+                .iter()
+                .map(|name| name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
+/// A downloaded or cached GGUF file as a model source named after the file.
+fn gguf_source(path: PathBuf) -> Result<ModelSource> {
+    check_gguf_file(&path)?;
+    let name = path.file_stem().unwrap_or(path.as_os_str());
+    let name = name.to_string_lossy().into_owned();
+    Ok(ModelSource::Gguf { path, name })
 }

@@ -7,8 +7,8 @@
 //! reachable from many machines): [`fetch()`] assembles it into [`models_dir`],
 //! verifying its sha256. [`resolve`] turns what was typed after `--model` into an
 //! [`engine::source::ModelSource`](crate::engine::source::ModelSource); for an
-//! `owner/name` repo id it downloads through hf-hub into the usual Hugging Face
-//! cache ([`hub`]).
+//! `owner/name` repo id, or `owner/name:QUANT` for one GGUF file of a repo,
+//! it downloads through hf-hub into the usual Hugging Face cache ([`hub`]).
 
 pub mod fetch;
 mod hub;
@@ -46,7 +46,10 @@ pub const SMALLEST_MODEL: &str = "smollm2-135m-instruct";
 ///    complete there, else downloaded into it (config.json, tokenizer.json,
 ///    tokenizer_config.json when present, and model.safetensors or the shards of
 ///    model.safetensors.index.json). With `HF_HUB_OFFLINE=1` only the cache is
-///    used; an unreachable hub is an [`Error::Hub`] within about 15 s.
+///    used; an unreachable hub is an [`Error::Hub`] within about 15 s;
+/// 4. `owner/name:QUANT`, the GGUF file of that repo whose name ends in the
+///    quantization tag (`Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q4_K_M`), from
+///    the cache or downloaded, as llama.cpp's `-hf` and Ollama name them.
 ///
 /// Anything else, including a path that does not exist, is [`Error::UnknownModel`].
 pub fn resolve(spec: &str) -> Result<ModelSource> {
@@ -105,7 +108,19 @@ fn resolve_with(spec: &str, models_dir: &Path, hub: &Hub) -> Result<ModelSource>
     if is_repo_id(spec) {
         return hub.resolve(spec);
     }
+    if let Some((repo_id, quant)) = spec.rsplit_once(':') {
+        if is_repo_id(repo_id) && is_quant_tag(quant) {
+            return hub.resolve_gguf(repo_id, quant);
+        }
+    }
     Err(unknown())
+}
+
+/// Whether `tag` looks like a GGUF quantization tag: `Q4_K_M`, `q8_0`, `IQ3_XXS`, `F16`.
+fn is_quant_tag(tag: &str) -> bool {
+    !tag.is_empty()
+        && tag.len() <= 32
+        && tag.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
 /// Whether `spec` has the shape of a Hugging Face repo id, `owner/name`, rather than
@@ -141,8 +156,8 @@ fn check_gguf_file(path: &Path) -> Result<()> {
         Ok(()) => Err(Error::BadModelFile {
             path: path.to_path_buf(),
             reason: "not a GGUF file (no GGUF magic); --model takes a .gguf file, a directory \
-                     with config.json, tokenizer.json and *.safetensors, a model name or an \
-                     owner/name repo id"
+                     with config.json, tokenizer.json and *.safetensors, a model name, an \
+                     owner/name repo id or owner/name:QUANT"
                 .into(),
         }),
         Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => Err(Error::BadModelFile {
@@ -220,8 +235,10 @@ fn safetensors_shards(index: &Path) -> Result<Vec<String>> {
 
 #[cfg(test)]
 mod tests {
+    use super::hub::pick_gguf;
     use super::*;
     use hf_hub::Cache;
+    use std::path::PathBuf;
     use std::time::Duration;
 
     #[test]
@@ -305,6 +322,77 @@ mod tests {
             }
         );
     }
+    /// A cached snapshot of `repo_id` in hf-hub's layout (refs/main holds the
+    /// commit, snapshots/<commit>/ the files), holding `files`.
+    fn cached_snapshot(cache: &Path, repo_id: &str, files: &[(&str, &[u8])]) -> PathBuf {
+        let repo = cache.join(format!("models--{}", repo_id.replace('/', "--")));
+        fs::create_dir_all(repo.join("refs")).unwrap();
+        fs::write(repo.join("refs/main"), "abc123").unwrap();
+        let snapshot = repo.join("snapshots/abc123");
+        fs::create_dir_all(&snapshot).unwrap();
+        for (name, bytes) in files {
+            fs::write(snapshot.join(name), bytes).unwrap();
+        }
+        snapshot
+    }
+
+    #[test]
+    fn a_quantization_tag_picks_that_gguf_of_a_cached_repo() {
+        let cache = tempfile::tempdir().unwrap();
+        let hub = offline_hub(cache.path());
+        let err = resolve_with("someone/tiny-GGUF:Q4_K_M", cache.path(), &hub).unwrap_err();
+        assert!(matches!(err, Error::Hub { .. }), "{err:?}");
+        assert!(err.to_string().contains("HF_HUB_OFFLINE"), "{err}");
+
+        let snapshot = cached_snapshot(
+            cache.path(),
+            "someone/tiny-GGUF",
+            &[
+                ("tiny-Q4_K_M.gguf", b"GGUF"),
+                ("tiny-IQ4_K_M.gguf", b"GGUF"),
+                ("tiny.Q8_0.gguf", b"GGUF"),
+                ("README.md", b"hi"),
+            ],
+        );
+        for (spec, file) in [
+            ("someone/tiny-GGUF:Q4_K_M", "tiny-Q4_K_M.gguf"),
+            ("someone/tiny-GGUF:q8_0", "tiny.Q8_0.gguf"),
+        ] {
+            let source = resolve_with(spec, cache.path(), &hub).unwrap();
+            assert_eq!(
+                source,
+                ModelSource::Gguf {
+                    path: snapshot.join(file),
+                    name: file.trim_end_matches(".gguf").into()
+                }
+            );
+        }
+        let err = resolve_with("someone/tiny-GGUF:Q5_K_M", cache.path(), &hub).unwrap_err();
+        assert!(
+            err.to_string().contains("no GGUF file tagged Q5_K_M"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn tags_match_whole_and_split_files_are_refused() {
+        let files = |names: &[&str]| {
+            names
+                .iter()
+                .map(|name| name.to_string())
+                .collect::<Vec<_>>()
+        };
+        let picked = pick_gguf(&files(&["m-Q4_K_M.gguf", "m-IQ4_K_M.gguf"]), "q4_k_m");
+        assert_eq!(picked.unwrap(), "m-Q4_K_M.gguf");
+        let split = files(&["m-Q8_0-00001-of-00002.gguf", "m-Q8_0-00002-of-00002.gguf"]);
+        assert!(pick_gguf(&split, "Q8_0")
+            .unwrap_err()
+            .contains("llama-gguf-split"));
+        let twice = files(&["a-Q8_0.gguf", "b-Q8_0.gguf"]);
+        assert!(pick_gguf(&twice, "Q8_0").unwrap_err().contains("several"));
+        assert!(pick_gguf(&[], "Q8_0").unwrap_err().contains("no GGUF file"));
+    }
+
     #[test]
     fn unreachable_hub_is_an_error_not_a_hang() {
         let cache = tempfile::tempdir().unwrap();
