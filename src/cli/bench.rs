@@ -1,7 +1,8 @@
 //! `prism bench`: turns the sweep's flags into a [`Sweep`] (each method name
 //! into its settings) and runs it with [`prism::bench::sweep::run`].
 
-use super::summarize::{Bar, MemoryArg, MethodArgs, MethodName, OnOff};
+use super::method_args::{MemoryArg, MethodArgs, MethodName, OnOff};
+use super::progress::Bar;
 use super::{DocumentLimit, EngineArgs, SamplingArgs};
 use anyhow::Result;
 use clap::parser::ValueSource;
@@ -9,6 +10,7 @@ use clap::{ArgMatches, Args, Subcommand, ValueEnum};
 use prism::bench::report;
 use prism::bench::sweep::{Judging, Sweep, SweepMethod};
 use prism::engine::sampling::SamplingConfig;
+use prism::methods::prism::{MemoryMode, Variant};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Args)]
@@ -90,27 +92,19 @@ fn regenerate(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The settings a prism method's bench name fixes: the paper's ablations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct PrismVariant {
-    memory: MemoryArg,
-    updates: bool,
-    constrained: bool,
-}
-
 /// A method as `--methods` names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct BenchMethod {
     name: String,
     method: MethodName,
     /// Set for prism, whose variants are told apart by name.
-    prism: Option<PrismVariant>,
+    prism: Option<Variant>,
 }
 
 impl BenchMethod {
     /// Parse one `--methods` name; an unknown one is an error listing every valid name.
     fn parse(name: &str) -> Result<Self, String> {
-        if let Some(prism) = prism_variant(name) {
+        if let Some(prism) = Variant::parse(name) {
             return Ok(BenchMethod {
                 name: name.to_string(),
                 method: MethodName::Prism,
@@ -134,7 +128,10 @@ impl BenchMethod {
     fn args(&self, base: &MethodArgs) -> MethodArgs {
         let mut args = base.clone();
         if let Some(prism) = self.prism {
-            args.memory = prism.memory;
+            args.memory = match prism.memory {
+                MemoryMode::Amendments => MemoryArg::Amendments,
+                MemoryMode::InPlace => MemoryArg::InPlace,
+            };
             args.no_updates = !prism.updates;
             args.constrained = if prism.constrained {
                 OnOff::On
@@ -146,44 +143,9 @@ impl BenchMethod {
     }
 }
 
-/// `prism-{amendments,in-place}[-no-updates][-unconstrained]`, the names
-/// `stats.json` labels prism's runs with.
-fn prism_variant(name: &str) -> Option<PrismVariant> {
-    let rest = name.strip_prefix("prism-")?;
-    let (memory, rest) = if let Some(rest) = rest.strip_prefix("amendments") {
-        (MemoryArg::Amendments, rest)
-    } else {
-        (MemoryArg::InPlace, rest.strip_prefix("in-place")?)
-    };
-    let (updates, rest) = match rest.strip_prefix("-no-updates") {
-        Some(rest) => (false, rest),
-        None => (true, rest),
-    };
-    let constrained = match rest {
-        "" => true,
-        "-unconstrained" => false,
-        _ => return None,
-    };
-    Some(PrismVariant {
-        memory,
-        updates,
-        constrained,
-    })
-}
-
 /// Every name `--methods` accepts.
 fn valid_names() -> Vec<String> {
-    let mut names = Vec::new();
-    for memory in ["amendments", "in-place"] {
-        for ablation in [
-            "",
-            "-no-updates",
-            "-unconstrained",
-            "-no-updates-unconstrained",
-        ] {
-            names.push(format!("prism-{memory}{ablation}"));
-        }
-    }
+    let mut names: Vec<String> = Variant::all().map(|variant| variant.name()).collect();
     names.extend(
         MethodName::value_variants()
             .iter()
@@ -291,8 +253,8 @@ mod tests {
         assert_eq!(method.method, MethodName::Prism);
         assert_eq!(
             method.prism,
-            Some(PrismVariant {
-                memory: MemoryArg::InPlace,
+            Some(Variant {
+                memory: MemoryMode::InPlace,
                 updates: false,
                 constrained: false
             })
@@ -301,7 +263,7 @@ mod tests {
             .unwrap()
             .prism
             .unwrap();
-        assert_eq!(amendments.memory, MemoryArg::Amendments);
+        assert_eq!(amendments.memory, MemoryMode::Amendments);
         assert!(amendments.updates && amendments.constrained);
         let unconstrained = BenchMethod::parse("prism-amendments-unconstrained")
             .unwrap()

@@ -49,7 +49,7 @@ pub struct GenerateArgs {
     regex: Option<String>,
     /// `off` ignores --json-schema/--lark/--regex, to compare with unconstrained output.
     #[arg(long, value_enum, default_value = "on")]
-    constrained: super::summarize::OnOff,
+    constrained: super::method_args::OnOff,
 }
 
 /// One line of `--json` output.
@@ -151,7 +151,7 @@ pub fn describe(f: &Figures) -> String {
 
 /// The grammar --json-schema, --lark or --regex asks for, unless --constrained off.
 fn grammar(args: &GenerateArgs) -> Result<Option<Grammar>> {
-    if args.constrained == super::summarize::OnOff::Off {
+    if args.constrained == super::method_args::OnOff::Off {
         return Ok(None);
     }
     if let Some(path) = &args.json_schema {

@@ -31,21 +31,21 @@ macro_rules! note {
 mod bench;
 mod bench_engine;
 mod generate;
+mod method_args;
 mod models;
+mod progress;
 mod qa;
 mod schema;
 mod score;
+mod shared_args;
 mod summarize;
 
-use anyhow::{Context, Result};
-use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
-use prism::engine::device::{self, DeviceChoice};
-use prism::engine::model::PrefillWeights;
-use prism::engine::sampling::SamplingConfig;
-use prism::engine::{Engine, LoadOptions};
+pub use shared_args::{DocumentLimit, EngineArgs, SamplingArgs};
+
+use anyhow::Result;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
 
 /// Set once from `--quiet` before any subcommand runs.
 static QUIET: AtomicBool = AtomicBool::new(false);
@@ -164,215 +164,4 @@ fn exit_on_usage(err: clap::Error) -> ! {
     let message: Vec<&str> = message.split_whitespace().collect();
     eprintln!("{}", message.join(" "));
     std::process::exit(2)
-}
-
-/// How large a document may be.
-#[derive(Debug, Args)]
-pub struct DocumentLimit {
-    /// The largest document read, in MiB; a larger one is refused before it is read in full.
-    #[arg(long, value_name = "MIB", default_value_t = prism::document::MAX_DOCUMENT_BYTES >> 20)]
-    pub max_document_mib: u64,
-}
-
-impl DocumentLimit {
-    /// Read the document at `path` within this limit.
-    pub fn read(&self, path: &std::path::Path) -> Result<String> {
-        Ok(prism::document::read_document(
-            path,
-            self.max_document_mib.saturating_mul(1 << 20),
-        )?)
-    }
-}
-
-/// Flags that choose and load the model.
-#[derive(Debug, Args)]
-pub struct EngineArgs {
-    /// A known model name (see `prism models list`), a .gguf file, a model directory, a Hugging Face repo id, or owner/repo:QUANT for one GGUF file of a hub repo (e.g. Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q4_K_M).
-    #[arg(long, short, default_value = prism::models::DEFAULT_MODEL)]
-    pub model: String,
-    /// CPU threads (default: physical cores; at most 1024).
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
-    pub threads: Option<u16>,
-    /// Where the model runs: `auto` (the GPU a `cuda` or `metal` build was made for, else the
-    /// CPU), `cpu`, `cuda` or `metal`.
-    #[arg(long, default_value = "auto", value_parser = parse_device)]
-    pub device: DeviceChoice,
-    /// Recompute every prompt from scratch instead of reusing the cached prefix.
-    #[arg(long)]
-    pub no_prefix_cache: bool,
-    /// Token sequences kept cached (1 to 64); a prompt continues the one it shares the longest
-    /// prefix with. Each slot's KV cache grows with the tokens it holds, up to the model's context.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
-    pub cache_slots: u16,
-    /// Bound the KV storage of all cached sequences together, in bytes or with a binary
-    /// unit (`512M`, `4G`); past it the least recently used sequences are dropped, never
-    /// the one in use. Default: no bound beyond --cache-slots.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub cache_bytes: Option<usize>,
-    /// Weights for multi-token prefill: `dense` (f32 copy, fastest, more memory) or `quantized`.
-    /// Default: dense when the copy stays under 4 GiB.
-    #[arg(long, value_parser = parse_prefill_weights)]
-    pub prefill_weights: Option<PrefillWeights>,
-}
-
-fn parse_device(s: &str) -> Result<DeviceChoice, String> {
-    s.parse().map_err(|e: prism::Error| e.to_string())
-}
-
-/// A size in bytes: digits, then optionally `K`, `M` or `G` (binary units,
-/// with or without a trailing `iB` or `B`).
-fn parse_size(s: &str) -> Result<usize, String> {
-    let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let unit = &s[digits.len()..];
-    let shift = match unit.to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        _ => return Err(format!("`{s}`: the unit must be K, M or G")),
-    };
-    let number: usize = digits
-        .parse()
-        .map_err(|_| format!("`{s}` is not a size such as 512M or 4G"))?;
-    number
-        .checked_mul(1 << shift)
-        .ok_or_else(|| format!("`{s}` is too large"))
-}
-
-fn parse_prefill_weights(s: &str) -> Result<PrefillWeights, String> {
-    match s {
-        "dense" => Ok(PrefillWeights::Dense),
-        "quantized" => Ok(PrefillWeights::Quantized),
-        other => Err(format!("`{other}` is not one of dense, quantized")),
-    }
-}
-
-impl EngineArgs {
-    /// Size the thread pools, resolve `--model` and load it, reporting the time on stderr.
-    pub fn load(&self) -> Result<Engine> {
-        if let Some(threads) = self.threads {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            if usize::from(threads) > cores {
-                eprintln!("warning: --threads {threads} is more than the {cores} this machine has; they will contend");
-            }
-            device::set_threads(usize::from(threads));
-        }
-        let source = prism::models::resolve(&self.model)?;
-        let start = Instant::now();
-        let options = LoadOptions {
-            device: self.device,
-            prefill_weights: self.prefill_weights,
-        };
-        let mut engine =
-            Engine::load(&source, &options).with_context(|| format!("loading {}", self.model))?;
-        engine.set_prefix_cache(!self.no_prefix_cache);
-        engine.set_cache_slots(usize::from(self.cache_slots));
-        engine.set_cache_bytes(self.cache_bytes);
-        note!(
-            "loaded {} ({:?}, {} layers, context {}) in {:.1}s on {} thread(s)",
-            engine.name(),
-            engine.config().architecture,
-            engine.config().layers,
-            engine.context_tokens(),
-            start.elapsed().as_secs_f64(),
-            device::default_threads(),
-        );
-        Ok(engine)
-    }
-}
-
-/// Flags that choose how tokens are sampled. Each one left out takes the
-/// value of the defaults the subcommand passes to [`SamplingArgs::config`]:
-/// `summarize` and `bench` use [`SamplingConfig::for_summaries`], the others
-/// (`generate`, `qa`, `score`, `schema`) have every repetition control off.
-#[derive(Debug, Args)]
-pub struct SamplingArgs {
-    /// Sampling temperature; 0 is greedy decoding (the default).
-    #[arg(long)]
-    pub temperature: Option<f64>,
-    /// Sample only among the k most likely tokens (needs --temperature > 0).
-    #[arg(long)]
-    pub top_k: Option<usize>,
-    /// Sample only among the most likely tokens whose probabilities add up to p, in (0, 1].
-    #[arg(long)]
-    pub top_p: Option<f64>,
-    /// Penalize tokens among the last 64: divide positive logits by this, multiply negative ones;
-    /// 1.0 (the default) is off.
-    #[arg(long)]
-    pub repeat_penalty: Option<f32>,
-    /// Seed for sampling with --temperature > 0 (default 299792458).
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// DRY: penalty for a token that would extend a token sequence already in the context
-    /// (prompt and output); 0 is off. Default: 0.8 for summarize and bench, off elsewhere.
-    #[arg(long)]
-    pub dry_multiplier: Option<f32>,
-    /// DRY: the penalty grows by this factor per repeated token beyond --dry-allowed-length
-    /// (must be > 1; default 1.75).
-    #[arg(long)]
-    pub dry_base: Option<f32>,
-    /// DRY: repeats shorter than this many tokens are free (default 2).
-    #[arg(long)]
-    pub dry_allowed_length: Option<usize>,
-    /// DRY: search only the last N tokens for repeats; 0 (the default) searches the whole context.
-    #[arg(long)]
-    pub dry_penalty_last_n: Option<usize>,
-    /// DRY: also penalize repeats of the prompt, as llama.cpp does (default off: only repeats
-    /// within the output count, so quoting a name or line of the document is free).
-    #[arg(long, value_enum)]
-    pub dry_prompt: Option<summarize::OnOff>,
-    /// Forbid any token that would repeat an N-gram of tokens already generated; 0 (the default) is off.
-    #[arg(long, value_name = "N")]
-    pub no_repeat_ngram: Option<usize>,
-    /// Stop when the output repeats a line or sentence it already wrote, cutting the repeat.
-    /// Default: on for summarize and bench, off elsewhere. Ignored under a grammar.
-    #[arg(long, value_enum)]
-    pub loop_guard: Option<summarize::OnOff>,
-}
-
-impl SamplingArgs {
-    /// The flags given, over `defaults` for those left out.
-    pub fn config(&self, defaults: SamplingConfig) -> prism::Result<SamplingConfig> {
-        let config = SamplingConfig {
-            temperature: self.temperature.unwrap_or(defaults.temperature),
-            top_k: self.top_k.or(defaults.top_k),
-            top_p: self.top_p.or(defaults.top_p),
-            repeat_penalty: self.repeat_penalty.unwrap_or(defaults.repeat_penalty),
-            seed: self.seed.unwrap_or(defaults.seed),
-            dry_multiplier: self.dry_multiplier.unwrap_or(defaults.dry_multiplier),
-            dry_base: self.dry_base.unwrap_or(defaults.dry_base),
-            dry_allowed_length: self
-                .dry_allowed_length
-                .unwrap_or(defaults.dry_allowed_length),
-            dry_penalty_last_n: self
-                .dry_penalty_last_n
-                .unwrap_or(defaults.dry_penalty_last_n),
-            dry_prompt: self
-                .dry_prompt
-                .map_or(defaults.dry_prompt, |on| on == summarize::OnOff::On),
-            no_repeat_ngram: self.no_repeat_ngram.unwrap_or(defaults.no_repeat_ngram),
-            loop_guard: self
-                .loop_guard
-                .map_or(defaults.loop_guard, |on| on == summarize::OnOff::On),
-            ..defaults
-        };
-        config.validate()?;
-        Ok(config)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_size;
-
-    #[test]
-    fn sizes_take_binary_units() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("512M"), Ok(512 << 20));
-        assert_eq!(parse_size("4GiB"), Ok(4 << 30));
-        assert_eq!(parse_size("2kb"), Ok(2048));
-        assert!(parse_size("4T").is_err());
-        assert!(parse_size("G").is_err());
-        assert!(parse_size("-1M").is_err());
-    }
 }

@@ -3,7 +3,7 @@
 //! reports Correct-F1 with what the answering model's calls cost.
 
 use super::generate::describe;
-use super::summarize::OnOff;
+use super::method_args::OnOff;
 use super::{DocumentLimit, EngineArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};

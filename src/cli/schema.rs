@@ -2,7 +2,7 @@
 //! for a new query domain (PRISM §3.4) and saves it where `summarize
 //! --schema` can read it.
 
-use super::summarize::OnOff;
+use super::method_args::OnOff;
 use super::{EngineArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};

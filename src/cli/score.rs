@@ -2,7 +2,7 @@
 //! judge model look at every sentence of a summary (BooookScore); `score qa`
 //! answers questions from the summary alone (Correct-F1, in `qa.rs`).
 
-use super::summarize::OnOff;
+use super::method_args::OnOff;
 use super::{EngineArgs, SamplingArgs};
 use anyhow::Result;
 use clap::{Args, Subcommand};

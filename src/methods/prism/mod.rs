@@ -45,6 +45,54 @@ pub enum MemoryMode {
     Amendments,
 }
 
+/// The settings a PRISM run's name fixes: the memory layout and the paper's
+/// two ablations, as `prism-{amendments,in-place}[-no-updates][-unconstrained]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Variant {
+    pub memory: MemoryMode,
+    pub updates: bool,
+    pub constrained: bool,
+}
+
+impl Variant {
+    /// Every variant, in the order help texts list them.
+    pub fn all() -> impl Iterator<Item = Variant> {
+        [MemoryMode::Amendments, MemoryMode::InPlace]
+            .into_iter()
+            .flat_map(|memory| {
+                [(true, true), (false, true), (true, false), (false, false)]
+                    .into_iter()
+                    .map(move |(updates, constrained)| Variant {
+                        memory,
+                        updates,
+                        constrained,
+                    })
+            })
+    }
+
+    /// The variant `name` names, if any.
+    pub fn parse(name: &str) -> Option<Variant> {
+        Variant::all().find(|variant| variant.name() == name)
+    }
+
+    /// `prism-amendments`, `prism-in-place-no-updates-unconstrained`, …: the
+    /// label of its runs in `stats.json` and its name in `bench --methods`.
+    pub fn name(&self) -> String {
+        let memory = match self.memory {
+            MemoryMode::InPlace => "in-place",
+            MemoryMode::Amendments => "amendments",
+        };
+        let mut name = format!("prism-{memory}");
+        if !self.updates {
+            name.push_str("-no-updates");
+        }
+        if !self.constrained {
+            name.push_str("-unconstrained");
+        }
+        name
+    }
+}
+
 /// Settings of one PRISM run; everything here is part of a run's identity.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct PrismConfig {
@@ -473,18 +521,12 @@ impl Method for Prism<'_> {
     type Figures = PrismFigures;
 
     fn label(&self) -> String {
-        let memory = match self.config.memory {
-            MemoryMode::InPlace => "in-place",
-            MemoryMode::Amendments => "amendments",
-        };
-        let mut label = format!("prism-{memory}");
-        if !self.config.updates {
-            label.push_str("-no-updates");
+        Variant {
+            memory: self.config.memory,
+            updates: self.config.updates,
+            constrained: self.config.constrained,
         }
-        if !self.config.constrained {
-            label.push_str("-unconstrained");
-        }
-        label
+        .name()
     }
 
     fn template_texts(&self) -> Vec<String> {
