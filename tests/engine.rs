@@ -274,3 +274,62 @@ fn a_cleared_cache_starts_cold_and_answers_as_a_fresh_engine() {
     let (expected, _) = fresh.prefill(&prompt).unwrap();
     assert!(max_abs_diff(&logits, &expected) <= TOLERANCE);
 }
+
+/// Perplexity scores each token of a window's second half by the logits the
+/// model gives after that token's prefix: the same numbers as prefilling each
+/// prefix from a fresh cache, so the windowed scoring path adds no error.
+#[test]
+fn perplexity_matches_the_logits_of_each_prefix() {
+    use prism::engine::perplexity::Windows;
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = load_tiny(TinyArch::Llama, &dir);
+    engine.set_prefix_cache(false);
+    let text: Vec<String> = (0..40).map(|i| format!("w{}", 2 + (i * 7) % 60)).collect();
+    let text = text.join(" ");
+    let windows = Windows {
+        context: 16,
+        stride: 12,
+    };
+    let mut reported = Vec::new();
+    let result = engine
+        .perplexity(&text, windows, &mut |window, running| {
+            reported.push((window, running))
+        })
+        .unwrap();
+
+    let tokens = engine.text_prompt(&text).unwrap();
+    let bos = engine
+        .tokenizer()
+        .bos_token_id()
+        .filter(|_| engine.tokenizer().add_bos());
+    let mut nll = Vec::new();
+    let mut start = 0;
+    while start + windows.context <= tokens.len() {
+        let mut window = tokens[start..start + windows.context].to_vec();
+        if let Some(bos) = bos {
+            window[0] = bos;
+        }
+        for position in windows.context / 2..windows.context - 1 {
+            let (logits, _) = engine.prefill(&window[..=position]).unwrap();
+            let log_probs = candle_nn::ops::log_softmax(&logits, 0).unwrap();
+            let log_probs = log_probs.to_vec1::<f32>().unwrap();
+            nll.push(-f64::from(log_probs[window[position + 1] as usize]));
+        }
+        start += windows.stride;
+    }
+    let expected = (nll.iter().sum::<f64>() / nll.len() as f64).exp();
+    assert_eq!(result.scored_tokens, nll.len());
+    assert_eq!(result.windows, reported.len());
+    assert_eq!(reported.last().unwrap().0, result.windows);
+    assert!(
+        (result.perplexity - expected).abs() / expected < 1e-4,
+        "{} against {expected}",
+        result.perplexity
+    );
+    assert!(result.standard_error > 0.0);
+    // Too short a text for one window is a clear error.
+    let err = engine
+        .perplexity("w2 w3", windows, &mut |_, _| {})
+        .unwrap_err();
+    assert!(err.to_string().contains("needs at least"), "{err}");
+}

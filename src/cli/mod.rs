@@ -33,6 +33,7 @@ mod bench_engine;
 mod generate;
 mod method_args;
 mod models;
+mod perplexity;
 mod progress;
 mod qa;
 mod schema;
@@ -84,6 +85,8 @@ enum Command {
     Bench(Box<bench::BenchArgs>),
     /// Measure prefill and decode speed and the gain from a cached prefix.
     BenchEngine(bench_engine::BenchEngineArgs),
+    /// The model's perplexity on a text, measured as llama.cpp's llama-perplexity does.
+    Perplexity(perplexity::PerplexityArgs),
     /// Question-answer pairs about a document.
     Qa(qa::QaArgs),
     /// Score a finished summary (coherence).
@@ -120,6 +123,7 @@ pub fn run() -> Result<()> {
             bench::run(*args, sub)
         }
         Command::BenchEngine(args) => bench_engine::run(args),
+        Command::Perplexity(args) => perplexity::run(args),
         Command::Qa(args) => qa::run(args),
         Command::Score(args) => score::run(args),
         Command::Schema(args) => schema::run(args),

@@ -12,6 +12,7 @@ pub mod constraint;
 pub mod device;
 pub mod kv_cache;
 pub mod model;
+pub mod perplexity;
 pub mod sampling;
 pub mod source;
 pub mod tokenizer;

@@ -173,6 +173,56 @@ impl Transformer {
             .context("output head")
     }
 
+    /// Run `tokens` after the positions already in `cache` (committing them)
+    /// and return, for each position `p` of `tokens` from `first` to the
+    /// second last, the natural log of the probability the model gives
+    /// `tokens[p + 1]`: what a perplexity is computed from.
+    pub fn next_token_log_probs(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        first: usize,
+    ) -> Result<Vec<f32>> {
+        cache.reserve(tokens.len())?;
+        let mut log_probs = Vec::with_capacity(tokens.len().saturating_sub(first + 1));
+        let mut start = 0;
+        for batch in tokens.chunks(PREFILL_BATCH) {
+            let hidden = self
+                .forward_batch(batch, cache, Pass::Prompt)
+                .context("forward pass")?;
+            cache.commit(batch);
+            // Positions of this batch that are scored: from `first`, and only
+            // those with a next token to score.
+            let from = first.max(start);
+            let to = (start + batch.len()).min(tokens.len() - 1);
+            if from < to {
+                let targets = &tokens[from + 1..to + 1];
+                let rows = hidden.narrow(1, from - start, to - from);
+                let scored = rows
+                    .and_then(|rows| self.scored_log_probs(&rows, targets))
+                    .context("output head")?;
+                log_probs.extend(scored);
+            }
+            start += batch.len();
+        }
+        Ok(log_probs)
+    }
+
+    /// The log-probabilities of `targets` under the output head applied to
+    /// `hidden` `(1, n, hidden)`, one per row.
+    fn scored_log_probs(&self, hidden: &Tensor, targets: &[u32]) -> candle_core::Result<Vec<f32>> {
+        let eps = self.config.rms_norm_eps as f32;
+        let normed = candle_nn::ops::rms_norm(hidden, &self.norm, eps)?;
+        let logits = self
+            .lm_head
+            .forward(&normed, Pass::Prompt)?
+            .squeeze(0)?
+            .to_dtype(DType::F32)?;
+        let log_probs = candle_nn::ops::log_softmax(&logits, 1)?;
+        let index = Tensor::new(targets, &self.device)?.unsqueeze(1)?;
+        log_probs.gather(&index, 1)?.squeeze(1)?.to_vec1::<f32>()
+    }
+
     /// One batch of tokens through every block; returns the hidden states `(1, seq, hidden)`.
     fn forward_batch(
         &self,

@@ -1,0 +1,56 @@
+//! `prism perplexity FILE`: the model's perplexity on a text, windowed and
+//! scored as llama.cpp's `llama-perplexity` does, to compare the two on one
+//! GGUF file.
+
+use super::{DocumentLimit, EngineArgs};
+use anyhow::Result;
+use clap::Args;
+use prism::engine::perplexity::Windows;
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct PerplexityArgs {
+    /// The text: a UTF-8 file (llama.cpp's `-f`).
+    file: PathBuf,
+    /// Tokens per window (llama.cpp's `-c`); the second half of each is scored.
+    #[arg(long, default_value_t = 512)]
+    context: usize,
+    /// Tokens from one window's start to the next. Default: --context, the
+    /// non-overlapping windows llama.cpp uses.
+    #[arg(long)]
+    stride: Option<usize>,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    document_limit: DocumentLimit,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+pub fn run(args: PerplexityArgs) -> Result<()> {
+    let text = args.document_limit.read(&args.file)?;
+    let windows = Windows {
+        context: args.context,
+        stride: args.stride.unwrap_or(args.context),
+    };
+    let mut engine = args.engine.load()?;
+    windows.validate(engine.context_tokens())?;
+    let result = engine.perplexity(&text, windows, &mut |window, running| {
+        note!("[{window}] {running:.4}");
+    })?;
+    if args.json {
+        outln!("{}", serde_json::to_string(&result)?)?;
+    } else {
+        outln!(
+            "perplexity {:.4} ± {:.5} over {} tokens scored in {} windows of {} ({} tokens in the text)",
+            result.perplexity,
+            result.standard_error,
+            result.scored_tokens,
+            result.windows,
+            windows.context,
+            result.text_tokens,
+        )?;
+    }
+    Ok(())
+}
