@@ -47,27 +47,8 @@ fn draw(
     series: &[Series],
     text: &mut String,
 ) -> std::result::Result<(), Box<dyn std::error::Error>> {
-    let mut sizes: Vec<usize> = series
-        .iter()
-        .flat_map(|line| line.points.iter().map(|&(size, _)| size.max(1)))
-        .collect();
-    sizes.sort_unstable();
-    sizes.dedup();
-    let axis = ChunkAxis::new(&sizes);
-    let top = match metric {
-        Metric::CacheHit => 100.0,
-        _ => {
-            let max = series
-                .iter()
-                .flat_map(|line| line.points.iter().map(|&(_, value)| value))
-                .fold(0.0, f64::max);
-            if max > 0.0 {
-                max * 1.1
-            } else {
-                1.0
-            }
-        }
-    };
+    let axis = ChunkAxis::new(&chunk_sizes(series));
+    let top = y_top(metric, series);
 
     let lines: Vec<(&Series, RGBColor)> = series
         .iter()
@@ -120,23 +101,60 @@ fn draw(
                 .into_iter()
                 .map(|point| Circle::new(point, 4, color.filled())),
         )?;
-
-        let y = 16 + LEGEND_ROW * row as i32;
-        let sample = LEGEND_SAMPLE as i32 - 12;
-        legend_area.draw(&PathElement::new(
-            vec![(0, y), (sample, y)],
-            color.stroke_width(2),
-        ))?;
-        let font = TextStyle::from(("sans-serif", LEGEND_FONT).into_font())
-            .pos(Pos::new(HPos::Left, VPos::Center));
-        legend_area.draw(&Text::new(
-            line.method.clone(),
-            (LEGEND_SAMPLE as i32, y),
-            font,
-        ))?;
+        draw_legend_entry(&legend_area, row, &line.method, *color)?;
     }
     root.present()?;
     Ok(())
+}
+
+/// Every chunk size measured, ascending, each once.
+fn chunk_sizes(series: &[Series]) -> Vec<usize> {
+    let mut sizes: Vec<usize> = series
+        .iter()
+        .flat_map(|line| line.points.iter().map(|&(size, _)| size.max(1)))
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
+}
+
+/// The top of the y axis: 100 for a percentage, else a tenth above the
+/// largest value (1 when every value is zero).
+fn y_top(metric: Metric, series: &[Series]) -> f64 {
+    if metric == Metric::CacheHit {
+        return 100.0;
+    }
+    let max = series
+        .iter()
+        .flat_map(|line| line.points.iter().map(|&(_, value)| value))
+        .fold(0.0, f64::max);
+    if max > 0.0 {
+        max * 1.1
+    } else {
+        1.0
+    }
+}
+
+/// Row `row` of the legend: a sample of the line, then the method's name.
+fn draw_legend_entry<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    row: usize,
+    method: &str,
+    color: RGBColor,
+) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let y = 16 + LEGEND_ROW * row as i32;
+    let sample = LEGEND_SAMPLE as i32 - 12;
+    area.draw(&PathElement::new(
+        vec![(0, y), (sample, y)],
+        color.stroke_width(2),
+    ))?;
+    let font = TextStyle::from(("sans-serif", LEGEND_FONT).into_font())
+        .pos(Pos::new(HPos::Left, VPos::Center));
+    area.draw(&Text::new(
+        method.to_string(),
+        (LEGEND_SAMPLE as i32, y),
+        font,
+    ))
 }
 
 /// The x axis: chunk sizes on a log₂ scale (sizes usually double, so they

@@ -10,6 +10,7 @@ pub mod cache_slots;
 pub mod chat;
 pub mod constraint;
 pub mod device;
+mod generate;
 pub mod kv_cache;
 pub mod model;
 pub mod perplexity;
@@ -17,7 +18,9 @@ pub mod sampling;
 pub mod source;
 pub mod tokenizer;
 
-use crate::error::{without_panic, CandleContext, Error, Result};
+pub(crate) use generate::first_refused_line;
+
+use crate::error::{without_panic, Error, Result};
 use cache_slots::CacheSlots;
 use candle_core::quantized::gguf_file;
 use candle_core::Tensor;
@@ -25,7 +28,7 @@ use chat::{ChatMessage, ChatTemplate};
 use constraint::{Grammar, Grammars};
 use device::DeviceChoice;
 use model::{Config, Pass, PrefillWeights, Transformer, WeightFile};
-use sampling::{Sampler, SamplingConfig, TokenMarks};
+use sampling::{SamplingConfig, TokenMarks};
 use sha2::{Digest, Sha256};
 use source::ModelSource;
 use std::path::Path;
@@ -444,137 +447,6 @@ impl Engine {
         self.model.forward(tokens, cache, Pass::Decode)
     }
 
-    /// Run `prompt` and generate up to `options.max_tokens` tokens after it.
-    pub fn generate(&mut self, prompt: &[u32], options: &GenerateOptions) -> Result<Generation> {
-        self.generate_checking_lines(prompt, options, None)
-    }
-
-    /// [`generate`](Self::generate), stopping before the first whole line of
-    /// output that `refuse_line` refuses. Under a grammar of whole lines the
-    /// output stays valid when cut there; a model going round in circles
-    /// stops at its first repeat instead of spending the token budget on it.
-    pub fn generate_checking_lines(
-        &mut self,
-        prompt: &[u32],
-        options: &GenerateOptions,
-        refuse_line: Option<&LineCheck>,
-    ) -> Result<Generation> {
-        options.sampling.validate()?;
-        let mut constraint = match &options.grammar {
-            Some(grammar) => Some(self.grammars()?.constraint(grammar)?),
-            None => None,
-        };
-        // Cutting grammar-constrained output would leave it invalid, so the
-        // loop guard watches free text only.
-        let loop_guard = options.sampling.loop_guard && constraint.is_none();
-        let marks = if options.sampling.needs_token_marks() || refuse_line.is_some() {
-            self.token_marks()
-        } else {
-            Arc::default()
-        };
-        let (mut logits, mut usage) = self.prefill(prompt)?;
-        let decode_start = Instant::now();
-        let stop_ids = self.tokenizer.stop_token_ids().to_vec();
-        let mut sampler = Sampler::new(&options.sampling, Arc::clone(&marks));
-        let mut history = prompt.to_vec();
-        let mut tokens = Vec::new();
-        // Set when a stop string, the loop guard or the line check cuts the text.
-        let mut cut_text = None;
-        // Where the line after the last checked one starts, in the decoded text.
-        let mut line_start = 0;
-        let stop_reason = loop {
-            if tokens.len() == options.max_tokens {
-                break StopReason::MaxTokens;
-            }
-            let token = match constraint.as_mut() {
-                None => sampler.sample(&logits, &history, prompt.len())?,
-                Some(constraint) => {
-                    let start = Instant::now();
-                    let mut values = logits.to_vec1::<f32>().context("grammar mask")?;
-                    constraint.mask(&mut values)?;
-                    usage.mask_seconds += start.elapsed().as_secs_f64();
-                    // After the mask, so the n-gram ban can see what the grammar allows.
-                    sampler.penalize(&mut values, &history, prompt.len());
-                    let len = values.len();
-                    let masked = Tensor::from_vec(values, len, &candle_core::Device::Cpu)
-                        .context("grammar mask")?;
-                    sampler.pick(&masked)?
-                }
-            };
-            usage.output_tokens += 1;
-            if stop_ids.contains(&token) {
-                break StopReason::EndOfTurn;
-            }
-            if let Some(constraint) = constraint.as_mut() {
-                constraint.accept(token)?;
-            }
-            tokens.push(token);
-            history.push(token);
-            // The text is decoded while generating only for stop strings, and
-            // for the loop guard when a line or sentence may have ended: at a
-            // token holding `\n . ! ?` or the one after it (a full stop
-            // counts once whitespace follows). Otherwise it is decoded once at
-            // the end.
-            let unit_may_end = (loop_guard || refuse_line.is_some())
-                && tokens.iter().rev().take(2).any(|&t| marks.may_end_unit(t));
-            if !options.stop.is_empty() || unit_may_end {
-                let so_far = self.tokenizer.decode(&tokens, true)?;
-                if let Some(cut) = first_stop(&so_far, &options.stop) {
-                    cut_text = Some(so_far[..cut].to_string());
-                    break StopReason::StopString;
-                }
-                if let Some(refuse_line) = refuse_line {
-                    if let Some(cut) = first_refused_line(&so_far, &mut line_start, refuse_line) {
-                        cut_text = Some(so_far[..cut].to_string());
-                        break StopReason::LineRefused;
-                    }
-                }
-                let repeat = if unit_may_end && loop_guard {
-                    sampling::repeated_unit(&so_far)
-                } else {
-                    None
-                };
-                if let Some(cut) = repeat {
-                    cut_text = Some(so_far[..cut].to_string());
-                    break StopReason::Repetition;
-                }
-            }
-            if tokens.len() == options.max_tokens {
-                break StopReason::MaxTokens;
-            }
-            let cache = &mut self.slots.active_mut().cache;
-            if cache.len() + 1 >= self.model.config().context_tokens {
-                break StopReason::ContextFull;
-            }
-            logits = self.model.forward(&[token], cache, Pass::Decode)?;
-            usage.decode_steps += 1;
-        };
-        usage.decode_seconds = decode_start.elapsed().as_secs_f64();
-        let text = match cut_text {
-            Some(text) => text,
-            None => self.tokenizer.decode(&tokens, true)?,
-        };
-        Ok(Generation {
-            text,
-            tokens,
-            stop_reason,
-            usage,
-        })
-    }
-
-    /// What the repetition controls need to know about each token's text:
-    /// every id of the logits decoded once (ids the tokenizer lacks read as
-    /// empty), with end-of-turn tokens as DRY breakers.
-    fn token_marks(&self) -> Arc<TokenMarks> {
-        let marks = self.token_marks.get_or_init(|| {
-            let vocab = self.model.config().vocab_size as u32;
-            let texts =
-                (0..vocab).map(|id| self.tokenizer.decode(&[id], false).unwrap_or_default());
-            Arc::new(TokenMarks::new(texts, self.tokenizer.stop_token_ids()))
-        });
-        Arc::clone(marks)
-    }
-
     fn grammars(&self) -> Result<&Grammars> {
         if let Some(grammars) = self.grammars.get() {
             return Ok(grammars);
@@ -602,33 +474,6 @@ fn read_gguf_header(path: &std::path::Path) -> Result<(gguf_file::Content, std::
                 .to_string(),
         )),
     }
-}
-
-/// Byte offset of the earliest stop string in `text`.
-fn first_stop(text: &str, stops: &[String]) -> Option<usize> {
-    stops
-        .iter()
-        .filter(|stop| !stop.is_empty())
-        .filter_map(|stop| text.find(stop.as_str()))
-        .min()
-}
-
-/// Check each whole line of `text` from `*line_start` on: the byte offset
-/// where the first refused line starts, or `None` with `*line_start` moved
-/// past every line that passed.
-pub(crate) fn first_refused_line(
-    text: &str,
-    line_start: &mut usize,
-    refuse: &LineCheck,
-) -> Option<usize> {
-    while let Some(length) = text.get(*line_start..).and_then(|rest| rest.find('\n')) {
-        let line = &text[*line_start..*line_start + length];
-        if refuse(&text[..*line_start], line) {
-            return Some(*line_start);
-        }
-        *line_start += length + 1;
-    }
-    None
 }
 
 fn choose_prefill_weights(config: &Config, options: &LoadOptions) -> PrefillWeights {
@@ -661,40 +506,4 @@ fn safetensors_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
         });
     }
     Ok(files)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{first_refused_line, first_stop};
-
-    #[test]
-    fn earliest_stop_string_wins() {
-        let stops = vec!["\n\n".to_string(), "END".to_string(), String::new()];
-        assert_eq!(first_stop("abc END x\n\n", &stops), Some(4));
-        assert_eq!(first_stop("abc", &stops), None);
-    }
-
-    #[test]
-    fn the_line_check_sees_each_whole_line_once_with_what_was_kept() {
-        let seen = std::cell::RefCell::new(Vec::new());
-        let refuse_b = |kept: &str, line: &str| {
-            seen.borrow_mut().push((kept.to_string(), line.to_string()));
-            line == "b"
-        };
-        let mut start = 0;
-        assert_eq!(
-            first_refused_line("a\npartial", &mut start, &refuse_b),
-            None
-        );
-        assert_eq!(start, 2);
-        assert_eq!(
-            first_refused_line("a\npartial c\nb\nd\n", &mut start, &refuse_b),
-            Some(12)
-        );
-        assert_eq!(
-            seen.into_inner(),
-            [("", "a"), ("a\n", "partial c"), ("a\npartial c\n", "b")]
-                .map(|(kept, line)| (kept.to_string(), line.to_string()))
-        );
-    }
 }

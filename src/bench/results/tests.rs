@@ -230,8 +230,8 @@ fn utc_timestamps_match_known_dates() {
 #[test]
 fn machine_reads_proc_files_and_falls_back() {
     let cpuinfo = "processor\t: 0\nmodel name\t: Test CPU @ 2GHz\nphysical id\t: 0\ncore id\t: 0\n\n\
-                   processor\t: 1\nmodel name\t: Test CPU @ 2GHz\nphysical id\t: 0\ncore id\t: 0\n\n\
-                   processor\t: 2\nmodel name\t: Test CPU @ 2GHz\nphysical id\t: 0\ncore id\t: 1\n";
+                       processor\t: 1\nmodel name\t: Test CPU @ 2GHz\nphysical id\t: 0\ncore id\t: 0\n\n\
+                       processor\t: 2\nmodel name\t: Test CPU @ 2GHz\nphysical id\t: 0\ncore id\t: 1\n";
     let meminfo = "MemTotal:        8048576 kB\nMemFree: 1 kB\n";
     let machine = Machine::from_proc(Some(cpuinfo), Some(meminfo), 99, 2);
     assert_eq!(machine.cpu, "Test CPU @ 2GHz");

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::*;
 
@@ -80,6 +80,39 @@ fn load_node(value: &Value, pointer: &str, is_root: bool) -> Result<SchemaNode, 
             ))
         }
     };
+    check_keywords(map, pointer, is_root)?;
+    let text = |key: &str| -> Result<Option<String>, String> {
+        match map.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(format!("{pointer}/{key}: must be a string")),
+        }
+    };
+    let title = text("title")?;
+    let description = text("description")?;
+    let allowed = match map.get("enum") {
+        None => None,
+        Some(Value::Array(values)) if !values.is_empty() => Some(values.clone()),
+        Some(_) => return Err(format!("{pointer}/enum: must be a non-empty list")),
+    };
+    if let Some(reference) = map.get("$ref") {
+        return Ok(SchemaNode {
+            title,
+            description,
+            allowed: None,
+            kind: load_reference(map, reference, pointer)?,
+        });
+    }
+    Ok(SchemaNode {
+        title,
+        description,
+        allowed,
+        kind: load_kind(map, pointer)?,
+    })
+}
+
+/// Refuse a keyword prism does not understand, rather than ignore what it asks.
+fn check_keywords(map: &Map<String, Value>, pointer: &str, is_root: bool) -> Result<(), String> {
     for key in map.keys() {
         let known = matches!(
             key.as_str(),
@@ -103,52 +136,44 @@ fn load_node(value: &Value, pointer: &str, is_root: bool) -> Result<SchemaNode, 
             return Err(format!("{pointer}: unsupported keyword `{key}`{hint}"));
         }
     }
-    let text = |key: &str| -> Result<Option<String>, String> {
-        match map.get(key) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(format!("{pointer}/{key}: must be a string")),
-        }
-    };
-    let title = text("title")?;
-    let description = text("description")?;
-    let allowed = match map.get("enum") {
-        None => None,
-        Some(Value::Array(values)) if !values.is_empty() => Some(values.clone()),
-        Some(_) => return Err(format!("{pointer}/enum: must be a non-empty list")),
-    };
+    Ok(())
+}
 
-    if let Some(reference) = map.get("$ref") {
-        let Some(reference) = reference.as_str() else {
-            return Err(format!("{pointer}/$ref: must be a string"));
-        };
-        let Some(name) = reference.strip_prefix("#/$defs/") else {
+/// A `$ref` node: a local `#/$defs/Name`, with nothing beside it that would
+/// constrain the value further.
+fn load_reference(
+    map: &Map<String, Value>,
+    reference: &Value,
+    pointer: &str,
+) -> Result<NodeKind, String> {
+    let Some(reference) = reference.as_str() else {
+        return Err(format!("{pointer}/$ref: must be a string"));
+    };
+    let Some(name) = reference.strip_prefix("#/$defs/") else {
+        return Err(format!(
+            "{pointer}/$ref: `{reference}` is not supported; only local references of the form #/$defs/Name are"
+        ));
+    };
+    for key in [
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "enum",
+    ] {
+        if map.contains_key(key) {
             return Err(format!(
-                "{pointer}/$ref: `{reference}` is not supported; only local references of the form #/$defs/Name are"
+                "{pointer}: `{key}` next to `$ref` is not supported"
             ));
-        };
-        for key in [
-            "type",
-            "properties",
-            "required",
-            "additionalProperties",
-            "items",
-            "enum",
-        ] {
-            if map.contains_key(key) {
-                return Err(format!(
-                    "{pointer}: `{key}` next to `$ref` is not supported"
-                ));
-            }
         }
-        return Ok(SchemaNode {
-            title,
-            description,
-            allowed: None,
-            kind: NodeKind::Ref(unescape_pointer(name)),
-        });
     }
+    Ok(NodeKind::Ref(unescape_pointer(name)))
+}
 
+/// The node's type, declared or inferred from its keywords (`properties`
+/// means an object, `items` an array), with its children loaded.
+fn load_kind(map: &Map<String, Value>, pointer: &str) -> Result<NodeKind, String> {
     let declared = match map.get("type") {
         None => None,
         Some(Value::String(t)) => Some(t.as_str()),
@@ -175,17 +200,16 @@ fn load_node(value: &Value, pointer: &str, is_root: bool) -> Result<SchemaNode, 
             None => Ok(()),
         }
     };
-
-    let kind = match inferred {
-        None => NodeKind::Any,
+    match inferred {
+        None => Ok(NodeKind::Any),
         Some(t @ ("string" | "number" | "integer" | "boolean")) => {
             misplaced(&["properties", "required", "additionalProperties", "items"], t)?;
-            match t {
+            Ok(match t {
                 "string" => NodeKind::String,
                 "number" => NodeKind::Number,
                 "integer" => NodeKind::Integer,
                 _ => NodeKind::Boolean,
-            }
+            })
         }
         Some("array") => {
             misplaced(&["properties", "required", "additionalProperties"], "array")?;
@@ -193,68 +217,65 @@ fn load_node(value: &Value, pointer: &str, is_root: bool) -> Result<SchemaNode, 
                 None => SchemaNode::any(),
                 Some(items) => load_node(items, &format!("{pointer}/items"), false)?,
             };
-            NodeKind::Array {
+            Ok(NodeKind::Array {
                 items: Box::new(items),
-            }
+            })
         }
         Some("object") => {
             misplaced(&["items"], "object")?;
-            let mut properties = Vec::new();
-            match map.get("properties") {
-                None => {}
-                Some(Value::Object(props)) => {
-                    for (name, child) in props {
-                        let child_pointer = format!("{pointer}/properties/{}", escape_pointer(name));
-                        properties.push((name.clone(), load_node(child, &child_pointer, false)?));
-                    }
-                }
-                Some(_) => return Err(format!("{pointer}/properties: must be an object")),
-            }
-            let required = match map.get("required") {
-                None => Vec::new(),
-                Some(Value::Array(names)) => names
-                    .iter()
-                    .map(|n| {
-                        n.as_str()
-                            .map(str::to_string)
-                            .ok_or_else(|| format!("{pointer}/required: must list key names"))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?,
-                Some(_) => return Err(format!("{pointer}/required: must be a list of key names")),
-            };
-            let additional = match map.get("additionalProperties") {
-                None | Some(Value::Bool(true)) => Some(Box::new(SchemaNode::any())),
-                Some(Value::Bool(false)) => None,
-                Some(child) => Some(Box::new(load_node(
-                    child,
-                    &format!("{pointer}/additionalProperties"),
-                    false,
-                )?)),
-            };
-            for name in &required {
-                let declared = properties.iter().any(|(n, _)| n == name);
-                if !declared && additional.is_none() {
-                    return Err(format!(
-                        "{pointer}/required: `{name}` is required but not allowed by properties"
-                    ));
-                }
-            }
-            NodeKind::Object {
-                properties,
-                required,
-                additional,
+            load_object(map, pointer)
+        }
+        Some(other) => Err(format!(
+            "{pointer}/type: unsupported type `{other}` (use object, array, string, number, integer or boolean)"
+        )),
+    }
+}
+
+/// An object node: its properties, required keys and what other keys may hold.
+fn load_object(map: &Map<String, Value>, pointer: &str) -> Result<NodeKind, String> {
+    let mut properties = Vec::new();
+    match map.get("properties") {
+        None => {}
+        Some(Value::Object(props)) => {
+            for (name, child) in props {
+                let child_pointer = format!("{pointer}/properties/{}", escape_pointer(name));
+                properties.push((name.clone(), load_node(child, &child_pointer, false)?));
             }
         }
-        Some(other) => {
-            return Err(format!(
-                "{pointer}/type: unsupported type `{other}` (use object, array, string, number, integer or boolean)"
-            ))
-        }
+        Some(_) => return Err(format!("{pointer}/properties: must be an object")),
+    }
+    let required = match map.get("required") {
+        None => Vec::new(),
+        Some(Value::Array(names)) => names
+            .iter()
+            .map(|n| {
+                n.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| format!("{pointer}/required: must list key names"))
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(_) => return Err(format!("{pointer}/required: must be a list of key names")),
     };
-    Ok(SchemaNode {
-        title,
-        description,
-        allowed,
-        kind,
+    let additional = match map.get("additionalProperties") {
+        None | Some(Value::Bool(true)) => Some(Box::new(SchemaNode::any())),
+        Some(Value::Bool(false)) => None,
+        Some(child) => Some(Box::new(load_node(
+            child,
+            &format!("{pointer}/additionalProperties"),
+            false,
+        )?)),
+    };
+    for name in &required {
+        let declared = properties.iter().any(|(n, _)| n == name);
+        if !declared && additional.is_none() {
+            return Err(format!(
+                "{pointer}/required: `{name}` is required but not allowed by properties"
+            ));
+        }
+    }
+    Ok(NodeKind::Object {
+        properties,
+        required,
+        additional,
     })
 }

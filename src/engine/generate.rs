@@ -1,0 +1,264 @@
+//! The decoding loop: pick a token (under the grammar, if any), append it,
+//! and watch the text for the reasons to stop early (a stop string, a line
+//! the caller refuses, a repeat the loop guard sees).
+
+use super::constraint::Constraint;
+use super::model::Pass;
+use super::sampling::{self, Sampler, TokenMarks};
+use super::{Engine, GenerateOptions, Generation, LineCheck, StopReason, Usage};
+use crate::error::{CandleContext, Result};
+use candle_core::Tensor;
+use std::sync::Arc;
+use std::time::Instant;
+
+impl Engine {
+    /// Run `prompt` and generate up to `options.max_tokens` tokens after it.
+    pub fn generate(&mut self, prompt: &[u32], options: &GenerateOptions) -> Result<Generation> {
+        self.generate_checking_lines(prompt, options, None)
+    }
+
+    /// [`generate`](Self::generate), stopping before the first whole line of
+    /// output that `refuse_line` refuses. Under a grammar of whole lines the
+    /// output stays valid when cut there; a model going round in circles
+    /// stops at its first repeat instead of spending the token budget on it.
+    pub fn generate_checking_lines(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        refuse_line: Option<&LineCheck>,
+    ) -> Result<Generation> {
+        options.sampling.validate()?;
+        let constraint = match &options.grammar {
+            Some(grammar) => Some(self.grammars()?.constraint(grammar)?),
+            None => None,
+        };
+        // Cutting grammar-constrained output would leave it invalid, so the
+        // loop guard watches free text only.
+        let loop_guard = options.sampling.loop_guard && constraint.is_none();
+        let marks = if options.sampling.needs_token_marks() || refuse_line.is_some() {
+            self.token_marks()
+        } else {
+            Arc::default()
+        };
+        let mut watch = TextWatch {
+            stops: &options.stop,
+            refuse_line,
+            loop_guard,
+            marks: Arc::clone(&marks),
+            line_start: 0,
+        };
+        let (mut logits, mut usage) = self.prefill(prompt)?;
+        let decode_start = Instant::now();
+        let stop_ids = self.tokenizer.stop_token_ids().to_vec();
+        let mut chooser = TokenChooser {
+            sampler: Sampler::new(&options.sampling, marks),
+            constraint,
+            history: prompt.to_vec(),
+            prompt_len: prompt.len(),
+        };
+        let mut tokens = Vec::new();
+        // Set when a stop string, the loop guard or the line check cuts the text.
+        let mut cut_text = None;
+        let stop_reason = loop {
+            if tokens.len() == options.max_tokens {
+                break StopReason::MaxTokens;
+            }
+            let token = chooser.next(&logits, &mut usage)?;
+            usage.output_tokens += 1;
+            if stop_ids.contains(&token) {
+                break StopReason::EndOfTurn;
+            }
+            chooser.accept(token)?;
+            tokens.push(token);
+            if let Some((cut, reason)) =
+                watch.check(&tokens, |tokens| self.tokenizer.decode(tokens, true))?
+            {
+                cut_text = Some(cut);
+                break reason;
+            }
+            if tokens.len() == options.max_tokens {
+                break StopReason::MaxTokens;
+            }
+            let cache = &mut self.slots.active_mut().cache;
+            if cache.len() + 1 >= self.model.config().context_tokens {
+                break StopReason::ContextFull;
+            }
+            logits = self.model.forward(&[token], cache, Pass::Decode)?;
+            usage.decode_steps += 1;
+        };
+        usage.decode_seconds = decode_start.elapsed().as_secs_f64();
+        let text = match cut_text {
+            Some(text) => text,
+            None => self.tokenizer.decode(&tokens, true)?,
+        };
+        Ok(Generation {
+            text,
+            tokens,
+            stop_reason,
+            usage,
+        })
+    }
+
+    /// What the repetition controls need to know about each token's text:
+    /// every id of the logits decoded once (ids the tokenizer lacks read as
+    /// empty), with end-of-turn tokens as DRY breakers.
+    fn token_marks(&self) -> Arc<TokenMarks> {
+        let marks = self.token_marks.get_or_init(|| {
+            let vocab = self.model.config().vocab_size as u32;
+            let texts =
+                (0..vocab).map(|id| self.tokenizer.decode(&[id], false).unwrap_or_default());
+            Arc::new(TokenMarks::new(texts, self.tokenizer.stop_token_ids()))
+        });
+        Arc::clone(marks)
+    }
+}
+
+/// Picks each next token: the sampler alone, or the sampler over the logits
+/// the grammar allows.
+struct TokenChooser {
+    sampler: Sampler,
+    constraint: Option<Constraint>,
+    /// The prompt and every token accepted after it, for the repetition controls.
+    history: Vec<u32>,
+    prompt_len: usize,
+}
+
+impl TokenChooser {
+    fn next(&mut self, logits: &Tensor, usage: &mut Usage) -> Result<u32> {
+        let Some(constraint) = self.constraint.as_mut() else {
+            return self.sampler.sample(logits, &self.history, self.prompt_len);
+        };
+        let start = Instant::now();
+        let mut values = logits.to_vec1::<f32>().context("grammar mask")?;
+        constraint.mask(&mut values)?;
+        usage.mask_seconds += start.elapsed().as_secs_f64();
+        // After the mask, so the n-gram ban can see what the grammar allows.
+        self.sampler
+            .penalize(&mut values, &self.history, self.prompt_len);
+        let len = values.len();
+        let masked =
+            Tensor::from_vec(values, len, &candle_core::Device::Cpu).context("grammar mask")?;
+        self.sampler.pick(&masked)
+    }
+
+    fn accept(&mut self, token: u32) -> Result<()> {
+        if let Some(constraint) = self.constraint.as_mut() {
+            constraint.accept(token)?;
+        }
+        self.history.push(token);
+        Ok(())
+    }
+}
+
+/// Watches the text generated so far for a reason to stop before the end.
+struct TextWatch<'a> {
+    stops: &'a [String],
+    refuse_line: Option<&'a LineCheck<'a>>,
+    loop_guard: bool,
+    marks: Arc<TokenMarks>,
+    /// Where the line after the last checked one starts, in the decoded text.
+    line_start: usize,
+}
+
+impl TextWatch<'_> {
+    /// The text to keep and why, when the output should stop after `tokens`.
+    ///
+    /// The text is decoded here only for stop strings, and for the loop guard
+    /// and line check when a line or sentence may have ended: at a token
+    /// holding `\n . ! ?` or the one after it (a full stop counts once
+    /// whitespace follows). Otherwise the caller decodes it once at the end.
+    fn check(
+        &mut self,
+        tokens: &[u32],
+        decode: impl FnOnce(&[u32]) -> Result<String>,
+    ) -> Result<Option<(String, StopReason)>> {
+        let unit_may_end = (self.loop_guard || self.refuse_line.is_some())
+            && tokens
+                .iter()
+                .rev()
+                .take(2)
+                .any(|&t| self.marks.may_end_unit(t));
+        if self.stops.is_empty() && !unit_may_end {
+            return Ok(None);
+        }
+        let so_far = decode(tokens)?;
+        let keep = |cut: usize, reason| Ok(Some((so_far[..cut].to_string(), reason)));
+        if let Some(cut) = first_stop(&so_far, self.stops) {
+            return keep(cut, StopReason::StopString);
+        }
+        if let Some(refuse_line) = self.refuse_line {
+            if let Some(cut) = first_refused_line(&so_far, &mut self.line_start, refuse_line) {
+                return keep(cut, StopReason::LineRefused);
+            }
+        }
+        if unit_may_end && self.loop_guard {
+            if let Some(cut) = sampling::repeated_unit(&so_far) {
+                return keep(cut, StopReason::Repetition);
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Byte offset of the earliest stop string in `text`.
+fn first_stop(text: &str, stops: &[String]) -> Option<usize> {
+    stops
+        .iter()
+        .filter(|stop| !stop.is_empty())
+        .filter_map(|stop| text.find(stop.as_str()))
+        .min()
+}
+
+/// Check each whole line of `text` from `*line_start` on: the byte offset
+/// where the first refused line starts, or `None` with `*line_start` moved
+/// past every line that passed.
+pub(crate) fn first_refused_line(
+    text: &str,
+    line_start: &mut usize,
+    refuse: &LineCheck,
+) -> Option<usize> {
+    while let Some(length) = text.get(*line_start..).and_then(|rest| rest.find('\n')) {
+        let line = &text[*line_start..*line_start + length];
+        if refuse(&text[..*line_start], line) {
+            return Some(*line_start);
+        }
+        *line_start += length + 1;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{first_refused_line, first_stop};
+
+    #[test]
+    fn earliest_stop_string_wins() {
+        let stops = vec!["\n\n".to_string(), "END".to_string(), String::new()];
+        assert_eq!(first_stop("abc END x\n\n", &stops), Some(4));
+        assert_eq!(first_stop("abc", &stops), None);
+    }
+
+    #[test]
+    fn the_line_check_sees_each_whole_line_once_with_what_was_kept() {
+        let seen = std::cell::RefCell::new(Vec::new());
+        let refuse_b = |kept: &str, line: &str| {
+            seen.borrow_mut().push((kept.to_string(), line.to_string()));
+            line == "b"
+        };
+        let mut start = 0;
+        assert_eq!(
+            first_refused_line("a\npartial", &mut start, &refuse_b),
+            None
+        );
+        assert_eq!(start, 2);
+        assert_eq!(
+            first_refused_line("a\npartial c\nb\nd\n", &mut start, &refuse_b),
+            Some(12)
+        );
+        assert_eq!(
+            seen.into_inner(),
+            [("", "a"), ("a\n", "partial c"), ("a\npartial c\n", "b")]
+                .map(|(kept, line)| (kept.to_string(), line.to_string()))
+        );
+    }
+}
