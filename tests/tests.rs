@@ -11,6 +11,7 @@ mod cos;
 mod engine;
 mod layers;
 mod prism_loop;
+mod prompt_cache;
 mod quality;
 mod repetition;
 mod sample;

@@ -155,13 +155,10 @@ pub fn run(
         Planned::job(planned, &documents, &sweep.sampling, sweep.resume).fingerprint(&identity)
     })?;
     progress.note(&format!(
-        "{}: {} tokens; {} run{} to do ({} already finished){}",
+        "{}: {} tokens; {}",
         sweep.document.display(),
         documents[0].tokens,
-        pending.len(),
-        if pending.len() == 1 { "" } else { "s" },
-        plan.len() - pending.len(),
-        estimate_note(&rows, &pending, &documents),
+        runs_to_do_note(&rows, &plan, &pending, &documents),
     ));
 
     let mut judge: Option<Engine> = None;
@@ -346,6 +343,23 @@ fn finished(rows: &[Row], planned: &Planned, out: &Path) -> Option<usize> {
 }
 
 /// A rough estimate of the `pending` runs' time, as a suffix for a progress line.
+/// How many runs are left and how many were finished before, with a
+/// rough time estimate for the rest.
+fn runs_to_do_note(
+    rows: &[Row],
+    plan: &[Planned],
+    pending: &[&Planned],
+    documents: &[Document],
+) -> String {
+    format!(
+        "{} run{} to do ({} already finished){}",
+        pending.len(),
+        if pending.len() == 1 { "" } else { "s" },
+        plan.len() - pending.len(),
+        estimate_note(rows, pending, documents),
+    )
+}
+
 fn estimate_note(rows: &[Row], pending: &[&Planned], documents: &[Document]) -> String {
     if pending.is_empty() {
         return String::new();

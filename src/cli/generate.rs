@@ -136,8 +136,12 @@ fn print_call(
 
 /// One human-readable line of accounting.
 pub fn describe(f: &Figures) -> String {
+    let restored = match f.restored_tokens {
+        0 => String::new(),
+        restored => format!(", restored from disk {restored}"),
+    };
     format!(
-        "prompt {} tokens, reused {} ({:.1}%), net {}, output {}, cost index {:.6}, prefill {:.1} tok/s, decode {:.1} tok/s",
+        "prompt {} tokens, reused {} ({:.1}%){restored}, net {}, output {}, cost index {:.6}, prefill {:.1} tok/s, decode {:.1} tok/s",
         f.prompt_tokens,
         f.reused_tokens,
         100.0 * f.cache_hit_rate,

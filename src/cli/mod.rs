@@ -169,3 +169,29 @@ fn exit_on_usage(err: clap::Error) -> ! {
     eprintln!("{}", message.join(" "));
     std::process::exit(2)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// `prism --help` and each subcommand's help document every flag and argument.
+    #[test]
+    fn every_flag_and_argument_has_help_text() {
+        fn undocumented(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                if arg.get_help().is_none() && arg.get_long_help().is_none() && !arg.is_hide_set() {
+                    missing.push(format!("{path}: {}", arg.get_id()));
+                }
+            }
+            for sub in command.get_subcommands() {
+                undocumented(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut command = Cli::command();
+        command.build();
+        let mut missing = Vec::new();
+        undocumented(&command, "prism", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:?}");
+    }
+}

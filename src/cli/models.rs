@@ -21,6 +21,7 @@ enum ModelsCommand {
     },
     /// Print the file or directory `--model NAME` resolves to.
     Path {
+        /// A model name or alias, a GGUF file, a model directory or owner/repo:QUANT.
         #[arg(default_value = models::DEFAULT_MODEL)]
         name: String,
     },

@@ -5,6 +5,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use prism::engine::device::{self, DeviceChoice};
 use prism::engine::model::PrefillWeights;
+use prism::engine::prompt_cache::PromptCache;
 use prism::engine::sampling::SamplingConfig;
 use prism::engine::{Engine, LoadOptions};
 use std::time::Instant;
@@ -52,6 +53,14 @@ pub struct EngineArgs {
     /// the one in use. Default: no bound beyond --cache-slots.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub cache_bytes: Option<usize>,
+    /// Also keep the KV of each generated sequence on disk in DIR, and start a prompt from
+    /// the stored prefix that matches most of it: a resumed run, or a second process with the
+    /// same instructions, does not encode that prefix again. Entries are checked before use.
+    #[arg(long, value_name = "DIR")]
+    pub prompt_cache: Option<std::path::PathBuf>,
+    /// The most disk --prompt-cache may take (`512M`, `8G`); the least recently used entries go first.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "4G", requires = "prompt_cache")]
+    pub prompt_cache_size: usize,
     /// Weights for multi-token prefill: `dense` (f32 copy, fastest, more memory) or `quantized`.
     /// Default: dense when the copy stays under 4 GiB.
     #[arg(long, value_parser = parse_prefill_weights)]
@@ -111,6 +120,15 @@ impl EngineArgs {
         engine.set_prefix_cache(!self.no_prefix_cache);
         engine.set_cache_slots(usize::from(self.cache_slots));
         engine.set_cache_bytes(self.cache_bytes);
+        if let Some(dir) = &self.prompt_cache {
+            let cache = PromptCache::open(
+                dir,
+                self.prompt_cache_size as u64,
+                &engine.identity().model_sha256,
+            )
+            .with_context(|| format!("--prompt-cache {}", dir.display()))?;
+            engine.set_prompt_cache(Some(cache));
+        }
         note!(
             "loaded {} ({:?}, {} layers, context {}) in {:.1}s on {} thread(s)",
             engine.name(),

@@ -17,6 +17,7 @@ use std::path::PathBuf;
 pub struct SummarizeArgs {
     /// The document: a UTF-8 text file.
     document: PathBuf,
+    /// How to summarize: PRISM, one of its baselines, or the whole document in one prompt.
     #[arg(long, value_enum, default_value = "prism")]
     method: MethodName,
     /// Tokens per chunk; chunks end on paragraph or sentence boundaries.

@@ -87,6 +87,7 @@ impl Engine {
             usage.decode_steps += 1;
         };
         usage.decode_seconds = decode_start.elapsed().as_secs_f64();
+        self.store_to_disk();
         let text = match cut_text {
             Some(text) => text,
             None => self.tokenizer.decode(&tokens, true)?,

@@ -117,6 +117,81 @@ impl KvCache {
         Ok(())
     }
 
+    pub fn layer_count(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Each layer's keys and values for the first `len` positions, shaped
+    /// `(1, kv_heads, len, head_dim)` and contiguous.
+    pub(crate) fn prefix_tensors(&self, len: usize) -> Result<Vec<(Tensor, Tensor)>> {
+        let len = len.min(self.len);
+        self.layers
+            .iter()
+            .map(|layer| {
+                let layer = layer.as_ref().ok_or_else(|| {
+                    crate::Error::invalid("KV cache", "a layer holds nothing yet")
+                })?;
+                let prefix = |t: &Tensor| t.narrow(2, 0, len)?.contiguous();
+                Ok((
+                    prefix(&layer.keys).context("reading a cached prefix")?,
+                    prefix(&layer.values).context("reading a cached prefix")?,
+                ))
+            })
+            .collect()
+    }
+
+    /// Replace this cache's contents with `tokens` and their keys and values,
+    /// one `(keys, values)` pair per layer shaped `(1, kv_heads, tokens, head_dim)`.
+    /// Refuses tensors of another layer count, shape or dtype, leaving the cache as it was.
+    pub(crate) fn load_prefix(
+        &mut self,
+        tokens: &[u32],
+        layers: &[(Tensor, Tensor)],
+    ) -> Result<()> {
+        let expected = (1, self.kv_heads, tokens.len(), self.head_dim);
+        if layers.len() != self.layers.len() {
+            return Err(crate::Error::invalid(
+                "KV cache",
+                format!(
+                    "{} layers given for a model of {}",
+                    layers.len(),
+                    self.layers.len()
+                ),
+            ));
+        }
+        for (keys, values) in layers {
+            for tensor in [keys, values] {
+                if tensor.dims4().ok() != Some(expected) || tensor.dtype() != self.dtype {
+                    return Err(crate::Error::invalid(
+                        "KV cache",
+                        format!(
+                            "a layer of shape {:?} and dtype {:?}, not {expected:?} and {:?}",
+                            tensor.dims(),
+                            tensor.dtype(),
+                            self.dtype
+                        ),
+                    ));
+                }
+            }
+        }
+        self.truncate(0);
+        if tokens.is_empty() {
+            return Ok(());
+        }
+        self.reserve(tokens.len())?;
+        for (to, (keys, values)) in self.layers.iter().zip(layers) {
+            let to = to.as_ref().expect("reserve() allocates every layer");
+            to.keys
+                .slice_set(keys, 2, 0)
+                .context("restoring a cached prefix")?;
+            to.values
+                .slice_set(values, 2, 0)
+                .context("restoring a cached prefix")?;
+        }
+        self.commit(tokens);
+        Ok(())
+    }
+
     /// Bytes of key and value storage currently allocated.
     pub fn allocated_bytes(&self) -> usize {
         let per_layer =

@@ -14,6 +14,7 @@ mod generate;
 pub mod kv_cache;
 pub mod model;
 pub mod perplexity;
+pub mod prompt_cache;
 pub mod sampling;
 pub mod source;
 pub mod tokenizer;
@@ -28,6 +29,7 @@ use chat::{ChatMessage, ChatTemplate};
 use constraint::{Grammar, Grammars};
 use device::DeviceChoice;
 use model::{Config, Pass, PrefillWeights, Transformer, WeightFile};
+use prompt_cache::PromptCache;
 use sampling::{SamplingConfig, TokenMarks};
 use sha2::{Digest, Sha256};
 use source::ModelSource;
@@ -42,8 +44,12 @@ use tokenizer::Tokenizer;
 pub struct Usage {
     /// Tokens in the prompt.
     pub prompt_tokens: usize,
-    /// Prompt tokens whose keys and values came from the cache.
+    /// Prompt tokens whose keys and values came from the cache in memory.
     pub reused_tokens: usize,
+    /// Prompt tokens whose keys and values were read from the prompt cache
+    /// on disk (`--prompt-cache`); none of them is also counted as reused.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restored_tokens: usize,
     /// Tokens sampled, including an end-of-turn token that stopped generation.
     pub output_tokens: usize,
     pub prefill_seconds: f64,
@@ -54,10 +60,17 @@ pub struct Usage {
     pub mask_seconds: f64,
 }
 
+/// For `skip_serializing_if`: counts that are zero unless a feature is in use
+/// stay out of the JSON, so files written without it keep their shape.
+pub(crate) fn is_zero(count: &usize) -> bool {
+    *count == 0
+}
+
 impl std::ops::AddAssign<&Usage> for Usage {
     fn add_assign(&mut self, other: &Usage) {
         self.prompt_tokens += other.prompt_tokens;
         self.reused_tokens += other.reused_tokens;
+        self.restored_tokens += other.restored_tokens;
         self.output_tokens += other.output_tokens;
         self.prefill_seconds += other.prefill_seconds;
         self.decode_steps += other.decode_steps;
@@ -179,6 +192,8 @@ pub struct Engine {
     chat_template: Option<ChatTemplate>,
     slots: CacheSlots,
     prefix_cache: bool,
+    /// Prefixes kept on disk across processes (`--prompt-cache`).
+    prompt_cache: Option<PromptCache>,
     /// Built on the first constrained generation.
     grammars: std::cell::OnceCell<Grammars>,
     /// Built on the first generation with DRY or the loop guard.
@@ -240,6 +255,7 @@ impl Engine {
             chat_template,
             slots,
             prefix_cache: true,
+            prompt_cache: None,
             grammars: std::cell::OnceCell::new(),
             token_marks: std::cell::OnceCell::new(),
         })
@@ -287,6 +303,13 @@ impl Engine {
     /// recently used go first, the one in use never. `None` is no bound.
     pub fn set_cache_bytes(&mut self, bytes: Option<usize>) {
         self.slots.set_byte_budget(bytes);
+    }
+
+    /// Keep the KV of each generation's sequence on disk as well, and start
+    /// a prompt from the stored entry that shares the most of it when memory
+    /// holds less. `None` turns it off.
+    pub fn set_prompt_cache(&mut self, cache: Option<PromptCache>) {
+        self.prompt_cache = cache;
     }
 
     /// Forget every cached sequence, so the next call starts cold, as on a
@@ -394,12 +417,13 @@ impl Engine {
         } else {
             0
         };
+        let restored = self.restore_from_disk(prompt, shared);
         let slot = self.slots.active_mut();
         // The same prompt again: its logits are kept, nothing needs computing.
         // Re-running its last token instead would give logits that differ in
         // the last float bits (one row is not multiplied as a batch is), which
         // quantized decoding can amplify into a different greedy path.
-        if shared == prompt.len() {
+        if shared == prompt.len() && restored == 0 {
             if let Some((_, logits)) = slot
                 .prompt_logits
                 .as_ref()
@@ -417,20 +441,66 @@ impl Engine {
         }
         // At least the last prompt token must run to produce its logits.
         let reused = shared.min(prompt.len() - 1);
-        slot.cache.truncate(reused);
+        let cached = reused + restored;
+        slot.cache.truncate(cached);
         slot.prompt_logits = None;
         let start = Instant::now();
         let logits = self
             .model
-            .forward(&prompt[reused..], &mut slot.cache, Pass::Prompt)?;
+            .forward(&prompt[cached..], &mut slot.cache, Pass::Prompt)?;
         slot.prompt_logits = Some((prompt.len(), logits.clone()));
         let usage = Usage {
             prompt_tokens: prompt.len(),
             reused_tokens: reused,
+            restored_tokens: restored,
             prefill_seconds: start.elapsed().as_secs_f64(),
             ..Usage::default()
         };
         Ok((logits, usage))
+    }
+
+    /// When the prompt cache on disk holds more of `prompt` than the `shared`
+    /// tokens in memory, load its entry into the active slot, and return how
+    /// many tokens that adds. The disk only ever saves work: when it cannot
+    /// be read the prompt is computed as if it were not there.
+    fn restore_from_disk(&mut self, prompt: &[u32], shared: usize) -> usize {
+        let Some(disk) = self.prompt_cache.as_ref().filter(|_| self.prefix_cache) else {
+            return 0;
+        };
+        // At least the last prompt token must run to produce its logits.
+        let hit = match disk.longest_prefix(prompt) {
+            Ok(Some(hit)) => hit.shortened(prompt.len() - 1),
+            Ok(None) => return 0,
+            Err(err) => {
+                tracing::warn!("prompt cache: not read: {err}");
+                return 0;
+            }
+        };
+        if hit.matched <= shared {
+            return 0;
+        }
+        let slot = self.slots.active_mut();
+        match disk.restore(&hit, &mut slot.cache) {
+            Ok(true) => {
+                slot.prompt_logits = None;
+                hit.matched - shared
+            }
+            Ok(false) => 0,
+            Err(err) => {
+                tracing::warn!("prompt cache: not read: {err}");
+                0
+            }
+        }
+    }
+
+    /// Keep the active sequence on disk for later processes. Failing to
+    /// write costs only that, so it is a warning, not an error.
+    fn store_to_disk(&self) {
+        if let Some(disk) = &self.prompt_cache {
+            if let Err(err) = disk.store(&self.slots.active().cache) {
+                tracing::warn!("prompt cache: not stored: {err}");
+            }
+        }
     }
 
     /// Append `tokens` to the cached sequence as decode steps and return the

@@ -3,17 +3,20 @@
 
 pub mod degeneration;
 
-use crate::engine::Usage;
+use crate::engine::{is_zero, Usage};
 
 /// The figures every report shows, derived from a [`Usage`] in one place.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Figures {
     pub prompt_tokens: usize,
     pub reused_tokens: usize,
-    /// Prompt tokens actually computed: prompt − reused.
+    /// Read from the prompt cache on disk.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restored_tokens: usize,
+    /// Prompt tokens actually computed: prompt − reused − restored.
     pub net_tokens: usize,
     pub output_tokens: usize,
-    /// reused / prompt, in 0..=1.
+    /// reused / prompt, in 0..=1: the prefix cache in memory only.
     pub cache_hit_rate: f64,
     /// (net + 3 × output) / 10⁶, as PRISM defines it.
     pub cost_index: f64,
@@ -30,12 +33,14 @@ impl Figures {
         let Tokens {
             prompt_tokens,
             reused_tokens,
+            restored_tokens,
             net_tokens,
             output_tokens,
         } = Tokens::of(usage);
         Figures {
             prompt_tokens,
             reused_tokens,
+            restored_tokens,
             net_tokens,
             output_tokens,
             cache_hit_rate: ratio(usage.reused_tokens as f64, usage.prompt_tokens as f64),
@@ -61,7 +66,10 @@ fn ratio(numerator: f64, denominator: f64) -> f64 {
 pub struct Tokens {
     pub prompt_tokens: usize,
     pub reused_tokens: usize,
-    /// Prompt tokens actually computed: prompt − reused.
+    /// Read from the prompt cache on disk.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restored_tokens: usize,
+    /// Prompt tokens actually computed: prompt − reused − restored.
     pub net_tokens: usize,
     pub output_tokens: usize,
 }
@@ -71,7 +79,8 @@ impl Tokens {
         Tokens {
             prompt_tokens: usage.prompt_tokens,
             reused_tokens: usage.reused_tokens,
-            net_tokens: usage.prompt_tokens - usage.reused_tokens,
+            restored_tokens: usage.restored_tokens,
+            net_tokens: usage.prompt_tokens - usage.reused_tokens - usage.restored_tokens,
             output_tokens: usage.output_tokens,
         }
     }
@@ -126,6 +135,7 @@ mod tests {
         let usage = Usage {
             prompt_tokens: 1000,
             reused_tokens: 690,
+            restored_tokens: 0,
             output_tokens: 200,
             prefill_seconds: 2.0,
             decode_steps: 199,
@@ -156,5 +166,23 @@ mod tests {
         assert_eq!(ledger.calls, 2);
         assert_eq!((figures.prompt_tokens, figures.net_tokens), (20, 12));
         assert_eq!(Figures::of(&Usage::default()).cache_hit_rate, 0.0);
+    }
+
+    #[test]
+    fn tokens_restored_from_disk_are_neither_reused_nor_computed() {
+        let usage = Usage {
+            prompt_tokens: 1000,
+            reused_tokens: 100,
+            restored_tokens: 800,
+            ..Usage::default()
+        };
+        let figures = Figures::of(&usage);
+        assert_eq!((figures.restored_tokens, figures.net_tokens), (800, 100));
+        assert!((figures.cache_hit_rate - 0.1).abs() < 1e-12);
+        let line = serde_json::to_string(&Tokens::of(&usage)).unwrap();
+        assert!(line.contains(r#""restored_tokens":800"#), "{line}");
+        // Without the disk cache the field stays out, so older files keep their shape.
+        let line = serde_json::to_string(&Tokens::of(&Usage::default())).unwrap();
+        assert!(!line.contains("restored"), "{line}");
     }
 }
