@@ -464,10 +464,12 @@ impl Engine {
     /// many tokens that adds. The disk only ever saves work: when it cannot
     /// be read the prompt is computed as if it were not there.
     fn restore_from_disk(&mut self, prompt: &[u32], shared: usize) -> usize {
-        let Some(disk) = self.prompt_cache.as_ref().filter(|_| self.prefix_cache) else {
+        // At least the last prompt token must run to produce its logits, so
+        // when memory holds all the rest the index is not read at all.
+        let wanted = self.prefix_cache && shared + 1 < prompt.len();
+        let Some(disk) = self.prompt_cache.as_ref().filter(|_| wanted) else {
             return 0;
         };
-        // At least the last prompt token must run to produce its logits.
         let hit = match disk.longest_prefix(prompt) {
             Ok(Some(hit)) => hit.shortened(prompt.len() - 1),
             Ok(None) => return 0,
@@ -493,10 +495,11 @@ impl Engine {
         }
     }
 
-    /// Keep the active sequence on disk for later processes. Failing to
-    /// write costs only that, so it is a warning, not an error.
+    /// Keep the active sequence on disk for later processes (not when prefix
+    /// reuse is off: nothing would restore it). Failing to write costs only
+    /// that, so it is a warning, not an error.
     fn store_to_disk(&self) {
-        if let Some(disk) = &self.prompt_cache {
+        if let Some(disk) = self.prompt_cache.as_ref().filter(|_| self.prefix_cache) {
             if let Err(err) = disk.store(&self.slots.active().cache) {
                 tracing::warn!("prompt cache: not stored: {err}");
             }
