@@ -27,6 +27,28 @@ impl Engine {
         options: &GenerateOptions,
         refuse_line: Option<&LineCheck>,
     ) -> Result<Generation> {
+        self.decode(prompt, options, refuse_line, &mut |_| true)
+    }
+
+    /// [`generate`](Self::generate), showing `on_tokens` the tokens kept so
+    /// far after each step (a server streams them); generation stops with
+    /// [`StopReason::Cancelled`] as soon as it returns false.
+    pub fn generate_streaming(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        on_tokens: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> Result<Generation> {
+        self.decode(prompt, options, None, on_tokens)
+    }
+
+    fn decode(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        refuse_line: Option<&LineCheck>,
+        on_tokens: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> Result<Generation> {
         options.sampling.validate()?;
         let constraint = match &options.grammar {
             Some(grammar) => Some(self.grammars()?.constraint(grammar)?),
@@ -49,7 +71,7 @@ impl Engine {
         };
         let (mut logits, mut usage) = self.prefill(prompt)?;
         let decode_start = Instant::now();
-        let stop_ids = self.tokenizer.stop_token_ids().to_vec();
+        let stop_ids = self.format.tokenizer().stop_token_ids().to_vec();
         let mut chooser = TokenChooser {
             sampler: Sampler::new(&options.sampling, marks),
             constraint,
@@ -70,11 +92,14 @@ impl Engine {
             }
             chooser.accept(token)?;
             tokens.push(token);
-            if let Some((cut, reason)) =
-                watch.check(&tokens, |tokens| self.tokenizer.decode(tokens, true))?
-            {
+            if let Some((cut, reason)) = watch.check(&tokens, |tokens| {
+                self.format.tokenizer().decode(tokens, true)
+            })? {
                 cut_text = Some(cut);
                 break reason;
+            }
+            if !on_tokens(&tokens) {
+                break StopReason::Cancelled;
             }
             if tokens.len() == options.max_tokens {
                 break StopReason::MaxTokens;
@@ -90,7 +115,7 @@ impl Engine {
         self.store_to_disk();
         let text = match cut_text {
             Some(text) => text,
-            None => self.tokenizer.decode(&tokens, true)?,
+            None => self.format.tokenizer().decode(&tokens, true)?,
         };
         Ok(Generation {
             text,
@@ -106,9 +131,16 @@ impl Engine {
     fn token_marks(&self) -> Arc<TokenMarks> {
         let marks = self.token_marks.get_or_init(|| {
             let vocab = self.model.config().vocab_size as u32;
-            let texts =
-                (0..vocab).map(|id| self.tokenizer.decode(&[id], false).unwrap_or_default());
-            Arc::new(TokenMarks::new(texts, self.tokenizer.stop_token_ids()))
+            let texts = (0..vocab).map(|id| {
+                self.format
+                    .tokenizer()
+                    .decode(&[id], false)
+                    .unwrap_or_default()
+            });
+            Arc::new(TokenMarks::new(
+                texts,
+                self.format.tokenizer().stop_token_ids(),
+            ))
         });
         Arc::clone(marks)
     }

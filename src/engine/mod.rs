@@ -15,6 +15,7 @@ pub mod kv_cache;
 pub mod model;
 pub mod perplexity;
 pub mod prompt_cache;
+pub mod prompt_format;
 pub mod sampling;
 pub mod source;
 pub mod tokenizer;
@@ -25,11 +26,12 @@ use crate::error::{without_panic, Error, Result};
 use cache_slots::CacheSlots;
 use candle_core::quantized::gguf_file;
 use candle_core::Tensor;
-use chat::{ChatMessage, ChatTemplate};
+use chat::ChatMessage;
 use constraint::{Grammar, Grammars};
 use device::DeviceChoice;
 use model::{Config, Pass, PrefillWeights, Transformer, WeightFile};
 use prompt_cache::PromptCache;
+use prompt_format::PromptFormat;
 use sampling::{SamplingConfig, TokenMarks};
 use sha2::{Digest, Sha256};
 use source::ModelSource;
@@ -130,6 +132,8 @@ pub enum StopReason {
     Repetition,
     /// The caller's line check refused a line; the text is cut before it.
     LineRefused,
+    /// The caller stopped it (a client went away, a deadline passed).
+    Cancelled,
 }
 
 /// A check on each whole line of output as it is generated: given the text
@@ -188,8 +192,7 @@ pub struct Engine {
     /// As loaded; [`Engine::identity`] adds the settings changed since.
     identity: EngineIdentity,
     model: Transformer,
-    tokenizer: Tokenizer,
-    chat_template: Option<ChatTemplate>,
+    format: PromptFormat,
     slots: CacheSlots,
     prefix_cache: bool,
     /// Prefixes kept on disk across processes (`--prompt-cache`).
@@ -209,20 +212,21 @@ impl Engine {
             ModelSource::Gguf { path, name } => {
                 let (content, file) = read_gguf_header(path)?;
                 let config = Config::from_gguf(&content, path)?;
-                let tokenizer = Tokenizer::from_gguf(&content, name)?;
+                let format =
+                    PromptFormat::new(name, Tokenizer::from_gguf(&content, name)?, &config)?;
                 let mut weights = WeightFile::gguf(path, content, file);
                 let prefill = choose_prefill_weights(&config, options);
                 let model = Transformer::new(config, &mut weights, prefill, &device)?;
                 let identity =
                     EngineIdentity::new(name, source::sha256_file(path)?, prefill, chosen);
-                Engine::new(identity, model, tokenizer)
+                Engine::new(identity, model, format)
             }
             ModelSource::HfDir { dir, name } => {
                 let config_path = dir.join("config.json");
                 let json = std::fs::read_to_string(&config_path)
                     .map_err(|e| Error::io(&config_path, e))?;
                 let config = Config::from_hf_json(&json, &config_path)?;
-                let tokenizer = Tokenizer::from_hf_dir(dir)?;
+                let format = PromptFormat::new(name, Tokenizer::from_hf_dir(dir)?, &config)?;
                 let files = safetensors_files(dir)?;
                 let mut weights = WeightFile::safetensors(dir, &files, &device)?;
                 let prefill = choose_prefill_weights(&config, options);
@@ -233,26 +237,17 @@ impl Engine {
                 }
                 let digest = format!("{:x}", Sha256::digest(digests.concat()));
                 let identity = EngineIdentity::new(name, digest, prefill, chosen);
-                Engine::new(identity, model, tokenizer)
+                Engine::new(identity, model, format)
             }
         }
     }
 
-    fn new(identity: EngineIdentity, model: Transformer, tokenizer: Tokenizer) -> Result<Self> {
-        let chat_template = match tokenizer.chat_template() {
-            Some(source) => Some(ChatTemplate::new(
-                source,
-                tokenizer.bos_token(),
-                tokenizer.eos_token(),
-            )?),
-            None => None,
-        };
+    fn new(identity: EngineIdentity, model: Transformer, format: PromptFormat) -> Result<Self> {
         let slots = CacheSlots::new(model.new_cache(), 1);
         Ok(Engine {
             identity,
             model,
-            tokenizer,
-            chat_template,
+            format,
             slots,
             prefix_cache: true,
             prompt_cache: None,
@@ -280,7 +275,7 @@ impl Engine {
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
+        self.format.tokenizer()
     }
 
     /// The longest sequence the model accepts, prompt and generated tokens together.
@@ -325,70 +320,28 @@ impl Engine {
         self.slots.active().cache.tokens()
     }
 
-    /// Token ids of a plain-text prompt, with BOS first when the model expects it.
+    /// The model's text side: how prompts become token ids.
+    pub fn format(&self) -> &PromptFormat {
+        &self.format
+    }
+
+    /// See [`PromptFormat::text_prompt`].
     pub fn text_prompt(&self, text: &str) -> Result<Vec<u32>> {
-        let mut ids = self.bos_for("");
-        ids.extend(self.tokenizer.encode(text)?);
-        Ok(ids)
+        self.format.text_prompt(text)
     }
 
-    /// The chat template's text for `messages`, ending with the assistant's turn opener.
-    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
-        let template = self
-            .chat_template
-            .as_ref()
-            .ok_or_else(|| Error::ChatTemplate {
-                reason: format!("{} has no chat template; run without --chat", self.name()),
-            })?;
-        template.render(messages, true)
-    }
-
-    /// Token ids of a chat prompt rendered with the model's template.
+    /// See [`PromptFormat::chat_prompt`].
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
-        let text = self.render_chat(messages)?;
-        let mut ids = self.bos_for(&text);
-        ids.extend(self.tokenizer.encode(&text)?);
-        Ok(ids)
+        self.format.chat_prompt(messages)
     }
 
-    /// Token ids of a chat of an optional system turn and one user turn whose
-    /// content is `user_segments` joined. Each segment is tokenized on its own,
-    /// so a prompt that appends segments to another keeps that one's token ids
-    /// as its prefix (BPE merges across a boundary could otherwise change them).
+    /// See [`PromptFormat::segmented_chat_prompt`].
     pub fn segmented_chat_prompt(
         &self,
         system: Option<&str>,
         user_segments: &[String],
     ) -> Result<Vec<u32>> {
-        // The template is rendered around a marker that stands for the user
-        // turn; the text before and after it is tokenized separately.
-        const MARKER: &str = "\u{1}prism-user-turn\u{1}";
-        let mut messages = Vec::new();
-        messages.extend(system.map(ChatMessage::system));
-        messages.push(ChatMessage::user(MARKER));
-        let text = self.render_chat(&messages)?;
-        let (before, after) = text.split_once(MARKER).ok_or_else(|| Error::ChatTemplate {
-            reason: "the template altered the user message; cannot place prompt segments".into(),
-        })?;
-        let mut ids = self.bos_for(&text);
-        ids.extend(self.tokenizer.encode(before)?);
-        for segment in user_segments {
-            ids.extend(self.tokenizer.encode(segment)?);
-        }
-        ids.extend(self.tokenizer.encode(after)?);
-        Ok(ids)
-    }
-
-    /// BOS when the model expects one and the rendered prompt does not start with it.
-    fn bos_for(&self, rendered: &str) -> Vec<u32> {
-        let writes_bos = self
-            .tokenizer
-            .bos_token()
-            .is_some_and(|bos| rendered.starts_with(bos));
-        match self.tokenizer.bos_token_id() {
-            Some(bos) if self.tokenizer.add_bos() && !writes_bos => vec![bos],
-            _ => Vec::new(),
-        }
+        self.format.segmented_chat_prompt(system, user_segments)
     }
 
     /// Encode `prompt`, reusing the cached prefix it shares with the previous
@@ -524,7 +477,11 @@ impl Engine {
         if let Some(grammars) = self.grammars.get() {
             return Ok(grammars);
         }
-        let built = Grammars::new(&self.tokenizer, self.model.config().vocab_size, self.name())?;
+        let built = Grammars::new(
+            self.format.tokenizer(),
+            self.model.config().vocab_size,
+            self.name(),
+        )?;
         Ok(self.grammars.get_or_init(|| built))
     }
 }
@@ -532,7 +489,9 @@ impl Engine {
 /// Open a GGUF file and read its header. candle's reader divides by the
 /// file's `general.alignment` and panics when it is zero; that panic is
 /// caught here and reported as the bad file it is.
-fn read_gguf_header(path: &std::path::Path) -> Result<(gguf_file::Content, std::fs::File)> {
+pub(super) fn read_gguf_header(
+    path: &std::path::Path,
+) -> Result<(gguf_file::Content, std::fs::File)> {
     let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let read = without_panic(|| gguf_file::Content::read(&mut file));
     let bad = |reason: String| Error::BadModelFile {

@@ -102,10 +102,8 @@ impl Engine {
     ) -> Result<Perplexity> {
         windows.validate(self.context_tokens())?;
         let tokens = self.text_prompt(text)?;
-        let bos = self
-            .tokenizer
-            .bos_token_id()
-            .filter(|_| self.tokenizer.add_bos());
+        let tokenizer = self.tokenizer();
+        let bos = tokenizer.bos_token_id().filter(|_| tokenizer.add_bos());
         let starts: Vec<usize> = windows.starts(tokens.len()).collect();
         if starts.is_empty() {
             return Err(Error::invalid(
