@@ -50,6 +50,9 @@ pub enum Error {
     #[error("{repo}: cannot reach the Hugging Face hub: {reason}")]
     Hub { repo: String, reason: String },
 
+    #[error("remote backend {url}: {reason}")]
+    Remote { url: String, reason: String },
+
     #[error("{what}: {reason}")]
     InvalidInput { what: String, reason: String },
 

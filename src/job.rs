@@ -7,10 +7,11 @@
 //! with the settings that began it.
 
 use crate::chunk::Chunk;
+use crate::engine::prompt_format::PromptFormat;
 use crate::engine::sampling::SamplingConfig;
-use crate::engine::{Engine, EngineIdentity, GenerateOptions};
+use crate::engine::GenerateOptions;
 use crate::error::{Error, Result};
-use crate::llm::EngineLlm;
+use crate::llm::{Backend, BackendIdentity};
 use crate::methods::{MethodFigures, MethodSpec};
 use crate::run::dir::{fingerprint, RunDir};
 use crate::run::{Outcome, Progress, RunFiles};
@@ -27,19 +28,19 @@ pub struct Document {
 }
 
 impl Document {
-    /// Tokens of the whole of `text` (read from `path`) by `engine`'s tokenizer.
-    pub fn count(engine: &Engine, path: &Path, text: &str) -> Result<usize> {
-        let ids = engine.tokenizer().encode(text).map_err(|err| {
+    /// Tokens of the whole of `text` (read from `path`) by the model's tokenizer.
+    pub fn count(format: &PromptFormat, path: &Path, text: &str) -> Result<usize> {
+        let ids = format.tokenizer().encode(text).map_err(|err| {
             Error::invalid(format!("tokenizing {}", path.display()), err.to_string())
         })?;
         Ok(ids.len())
     }
 
     /// Split `text`, of `tokens` tokens as [`Document::count`] gave them, into
-    /// chunks of at most `chunk_tokens` tokens by `engine`'s tokenizer, keeping
+    /// chunks of at most `chunk_tokens` tokens by the model's tokenizer, keeping
     /// only the first `first_tokens` tokens' worth when given.
     pub fn split(
-        engine: &Engine,
+        format: &PromptFormat,
         text: &str,
         tokens: usize,
         chunk_tokens: usize,
@@ -48,14 +49,14 @@ impl Document {
         if chunk_tokens == 0 {
             return Err(Error::invalid("--chunk-tokens", "must be at least 1"));
         }
-        let context = engine.context_tokens();
+        let context = format.context_tokens();
         if chunk_tokens >= context {
             return Err(Error::invalid(
                 format!("--chunk-tokens {chunk_tokens}"),
                 format!("does not fit the model's context of {context} tokens"),
             ));
         }
-        let tokenizer = engine.tokenizer();
+        let tokenizer = format.tokenizer();
         // Counting the whole text first surfaced any tokenizer error, so the
         // chunker's counter (which cannot fail) never meets one.
         let count = |piece: &str| tokenizer.encode(piece).map_or(usize::MAX, |ids| ids.len());
@@ -86,7 +87,7 @@ impl Document {
 #[derive(serde::Serialize)]
 struct RunIdentity<'a> {
     document_sha256: &'a str,
-    engine: &'a EngineIdentity,
+    engine: &'a BackendIdentity,
     chunk_tokens: usize,
     chunks: usize,
     spec: &'a MethodSpec,
@@ -105,7 +106,7 @@ pub struct Job<'a> {
 
 impl Job<'_> {
     /// The fingerprint of everything that decides the run's result on `engine`.
-    pub fn fingerprint(&self, engine: &EngineIdentity) -> String {
+    pub fn fingerprint(&self, engine: &BackendIdentity) -> String {
         fingerprint(&RunIdentity {
             document_sha256: &self.document.sha256,
             engine,
@@ -118,15 +119,15 @@ impl Job<'_> {
 
     pub fn run(
         &self,
-        engine: &mut Engine,
+        backend: &mut Backend,
         progress: &mut dyn Progress,
     ) -> Result<Outcome<MethodFigures>> {
-        let fingerprint = self.fingerprint(&engine.identity());
+        let fingerprint = self.fingerprint(&backend.identity());
         let options = GenerateOptions {
             sampling: self.sampling.clone(),
             ..GenerateOptions::default()
         };
-        let mut llm = EngineLlm::new(engine, options);
+        let mut llm = backend.llm(options);
         let dir = RunDir::create(self.out)?;
         let files = RunFiles {
             dir: &dir,
@@ -136,6 +137,6 @@ impl Job<'_> {
             sampling: self.sampling.clone(),
         };
         self.spec
-            .run(&mut llm, &self.document.chunks, &files, progress)
+            .run(&mut *llm, &self.document.chunks, &files, progress)
     }
 }

@@ -27,6 +27,7 @@
 //! - [`methods`]: PRISM and the baselines; [`schema_gen`] writes schemas for new domains.
 //! - [`job`]: one method over one split document into one run directory.
 //! - [`quality`] and [`bench`]: judging summaries, and sweeps of methods × chunk sizes.
+//! - [`serve`]: the engine behind an OpenAI-compatible HTTP API.
 
 pub mod bench;
 pub mod chunk;
@@ -44,5 +45,6 @@ pub mod quality;
 pub mod run;
 pub mod schema_gen;
 pub mod sentences;
+pub mod serve;
 
 pub use error::{Error, Result};

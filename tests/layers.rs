@@ -6,7 +6,7 @@
 use std::path::Path;
 
 /// The top-level modules of the library, lowest first.
-const LAYERS: [&str; 17] = [
+const LAYERS: [&str; 18] = [
     "error",
     "document",
     "chunk",
@@ -23,6 +23,7 @@ const LAYERS: [&str; 17] = [
     "job",
     "quality",
     "bench",
+    "serve",
     "cli",
 ];
 

@@ -16,6 +16,7 @@ mod quality;
 mod repetition;
 mod sample;
 mod schema_gen;
+mod serve;
 mod smollm2;
 mod source;
 mod tokens;

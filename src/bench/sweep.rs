@@ -6,11 +6,12 @@
 use super::results::{self, Machine, Metric, Pending, Row, Scores};
 use super::{charts, report};
 use crate::engine::device::DeviceChoice;
+use crate::engine::prompt_format::PromptFormat;
 use crate::engine::sampling::SamplingConfig;
 use crate::engine::{Engine, GenerateOptions, LoadOptions};
 use crate::error::{Error, Result};
 use crate::job::{Document, Job};
-use crate::llm::EngineLlm;
+use crate::llm::{Backend, EngineLlm};
 use crate::methods::{MethodFigures, MethodSpec};
 use crate::models;
 use crate::qa::{score_summary, QaPair};
@@ -135,12 +136,12 @@ impl Planned<'_> {
     }
 }
 
-/// Run the sweep's unfinished runs on `engine`, each from a cold cache, and
+/// Run the sweep's unfinished runs on `backend`, each from a cold cache, and
 /// judge them when asked; runs an earlier session finished are kept (and
 /// judged now if they were not).
 pub fn run(
     sweep: &Sweep,
-    engine: &mut Engine,
+    backend: &mut Backend,
     progress: &mut dyn SweepProgress,
 ) -> Result<SweepOutcome> {
     sweep.validate()?;
@@ -148,9 +149,9 @@ pub fn run(
     let bench = RunDir::create(out)?;
     let mut rows: Vec<Row> = bench.read_jsonl(RESULTS)?;
     write_reports(&bench, &rows)?;
-    let (documents, plan) = plan(sweep, engine)?;
+    let (documents, plan) = plan(sweep, backend.format())?;
     let job = |planned| Planned::job(planned, &documents, &sweep.sampling, sweep.resume);
-    let identity = engine.identity();
+    let identity = backend.identity();
     let pending = unfinished(&plan, &rows, out, |planned| {
         Planned::job(planned, &documents, &sweep.sampling, sweep.resume).fingerprint(&identity)
     })?;
@@ -166,7 +167,7 @@ pub fn run(
         judge_earlier_runs(&bench, &mut rows, &plan, judging, &mut judge, progress)?;
     }
 
-    let context = SweepContext::new(sweep, engine);
+    let context = SweepContext::new(sweep, backend);
     for (index, planned) in pending.iter().enumerate() {
         if sweep.stop_after_runs.is_some_and(|limit| index >= limit) {
             progress.note(&format!(
@@ -186,7 +187,7 @@ pub fn run(
             plan.len()
         ));
         let job = job(planned);
-        let mut row = context.run(engine, &job, planned, progress)?;
+        let mut row = context.run(backend, &job, planned, progress)?;
         if let Some(judging) = &sweep.judging {
             let judge = loaded_judge(&mut judge, judging)?;
             progress.run_begins(&format!("judging {} ", planned.method.name));
@@ -270,8 +271,8 @@ fn judge_earlier_runs(
 /// The sweep's runs, chunk size by chunk size so a paused sweep has whole
 /// tables, and the document split once per chunk size they use (`detail`
 /// picks its own from `--detail`).
-fn plan<'a>(sweep: &'a Sweep, engine: &Engine) -> Result<(Vec<Document>, Vec<Planned<'a>>)> {
-    let document_tokens = Document::count(engine, &sweep.document, &sweep.text)?;
+fn plan<'a>(sweep: &'a Sweep, format: &PromptFormat) -> Result<(Vec<Document>, Vec<Planned<'a>>)> {
+    let document_tokens = Document::count(format, &sweep.document, &sweep.text)?;
     let mut documents: Vec<Document> = Vec::new();
     let mut plan = Vec::new();
     for &chunk_tokens in &sweep.chunk_sizes {
@@ -281,7 +282,7 @@ fn plan<'a>(sweep: &'a Sweep, engine: &Engine) -> Result<(Vec<Document>, Vec<Pla
                 Some(index) => index,
                 None => {
                     documents.push(Document::split(
-                        engine,
+                        format,
                         &sweep.text,
                         document_tokens,
                         size,
@@ -426,20 +427,17 @@ struct SweepContext {
 }
 
 impl SweepContext {
-    fn new(sweep: &Sweep, engine: &Engine) -> Self {
+    fn new(sweep: &Sweep, backend: &Backend) -> Self {
         let (git_revision, git_dirty) = git_state();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let document = &sweep.document;
         SweepContext {
-            model: engine.name().to_string(),
+            model: backend.name().to_string(),
             document: document.file_name().map_or_else(
                 || document.display().to_string(),
                 |name| name.to_string_lossy().into_owned(),
             ),
-            device: serde_json::to_value(engine.identity().device)
-                .ok()
-                .and_then(|value| value.as_str().map(str::to_string))
-                .unwrap_or_default(),
+            device: backend.device(),
             machine: Machine::from_proc(
                 std::fs::read_to_string("/proc/cpuinfo").ok().as_deref(),
                 std::fs::read_to_string("/proc/meminfo").ok().as_deref(),
@@ -456,19 +454,19 @@ impl SweepContext {
     /// engine, and make its row.
     fn run(
         &self,
-        engine: &mut Engine,
+        backend: &mut Backend,
         job: &Job,
         planned: &Planned,
         progress: &mut dyn Progress,
     ) -> Result<Row> {
-        engine.clear_cache();
-        let Outcome::Finished { stats, .. } = job.run(engine, progress)? else {
+        backend.clear_cache();
+        let Outcome::Finished { stats, .. } = job.run(backend, progress)? else {
             return Err(Error::invalid(
                 job.out.display().to_string(),
                 "stopped before finishing",
             ));
         };
-        let fingerprint = job.fingerprint(&engine.identity());
+        let fingerprint = job.fingerprint(&backend.identity());
         Ok(self.row(planned, job.document, fingerprint, stats))
     }
 

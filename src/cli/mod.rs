@@ -38,10 +38,11 @@ mod progress;
 mod qa;
 mod schema;
 mod score;
+mod serve;
 mod shared_args;
 mod summarize;
 
-pub use shared_args::{DocumentLimit, EngineArgs, SamplingArgs};
+pub use shared_args::{BackendArgs, DocumentLimit, EngineArgs, SamplingArgs};
 
 use anyhow::Result;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -93,6 +94,8 @@ enum Command {
     Score(score::ScoreArgs),
     /// Write memory schemas for new domains.
     Schema(schema::SchemaArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (chat and text completions).
+    Serve(Box<serve::ServeArgs>),
     /// Print a completion script for a shell, e.g. `prism completions bash > ~/.local/share/bash-completion/completions/prism`.
     Completions {
         /// bash, elvish, fish, powershell or zsh.
@@ -127,6 +130,7 @@ pub fn run() -> Result<()> {
         Command::Qa(args) => qa::run(args),
         Command::Score(args) => score::run(args),
         Command::Schema(args) => schema::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Completions { shell } => {
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "prism", &mut script);

@@ -4,13 +4,12 @@
 
 use super::generate::describe;
 use super::method_args::OnOff;
-use super::{DocumentLimit, EngineArgs, SamplingArgs};
+use super::{BackendArgs, DocumentLimit, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use prism::engine::sampling::SamplingConfig;
 use prism::engine::GenerateOptions;
 use prism::job::Document;
-use prism::llm::EngineLlm;
 use prism::metrics::Ledger;
 use prism::qa;
 use std::path::PathBuf;
@@ -49,7 +48,7 @@ pub struct GenerateQaArgs {
     #[arg(long, value_enum, default_value = "on")]
     constrained: OnOff,
     #[command(flatten)]
-    engine: EngineArgs,
+    backend: BackendArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
 }
@@ -64,14 +63,15 @@ fn generate(args: GenerateQaArgs) -> Result<()> {
     anyhow::ensure!(args.n > 0, "--n must be at least 1");
     let sampling = args.sampling.config(SamplingConfig::default())?;
     let text = args.document_limit.read(&args.document)?;
-    let mut engine = args.engine.load()?;
-    let tokens = Document::count(&engine, &args.document, &text)?;
-    let document = Document::split(&engine, &text, tokens, args.chunk_tokens, args.first_tokens)?;
+    let mut backend = args.backend.load()?;
+    let format = backend.format();
+    let tokens = Document::count(format, &args.document, &text)?;
+    let document = Document::split(format, &text, tokens, args.chunk_tokens, args.first_tokens)?;
     let options = GenerateOptions {
         sampling,
         ..GenerateOptions::default()
     };
-    let mut llm = EngineLlm::new(&mut engine, options);
+    let mut llm = backend.llm(options);
     let chunks = document.chunks.len();
     let mut ledger = Ledger::default();
     let mut pairs = Vec::new();
@@ -80,7 +80,7 @@ fn generate(args: GenerateQaArgs) -> Result<()> {
             continue;
         }
         let generated = qa::generate_pairs(
-            &mut llm,
+            &mut *llm,
             &chunk.text,
             Some(chunk.index),
             count,
@@ -118,16 +118,16 @@ pub struct ScoreQaArgs {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
-    engine: EngineArgs,
+    backend: BackendArgs,
 }
 
 pub fn run_score_qa(args: ScoreQaArgs) -> Result<()> {
     let summary =
         prism::document::read_document(&args.summary, prism::document::MAX_DOCUMENT_BYTES)?;
     let pairs = qa::read_pairs(&args.questions)?;
-    let mut engine = args.engine.load()?;
-    let mut llm = EngineLlm::new(&mut engine, GenerateOptions::default());
-    let score = qa::score_summary(&mut llm, &summary, &pairs)?;
+    let mut backend = args.backend.load()?;
+    let mut llm = backend.llm(GenerateOptions::default());
+    let score = qa::score_summary(&mut *llm, &summary, &pairs)?;
     if args.json {
         outln!("{}", serde_json::to_string(&score)?)?;
         return Ok(());

@@ -3,12 +3,11 @@
 //! --schema` can read it.
 
 use super::method_args::OnOff;
-use super::{EngineArgs, SamplingArgs};
+use super::{BackendArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use prism::engine::sampling::SamplingConfig;
 use prism::engine::GenerateOptions;
-use prism::llm::EngineLlm;
 use prism::schema_gen::{generate_schema, SchemaGenConfig, SchemaRequest};
 use std::path::PathBuf;
 
@@ -48,7 +47,7 @@ pub struct GenerateSchemaArgs {
     #[arg(long, value_enum, default_value = "on")]
     constrained: OnOff,
     #[command(flatten)]
-    engine: EngineArgs,
+    backend: BackendArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
 }
@@ -82,9 +81,9 @@ fn run_generate(args: GenerateSchemaArgs) -> Result<()> {
         sampling: args.sampling.config(SamplingConfig::default())?,
         ..GenerateOptions::default()
     };
-    let mut engine = args.engine.load()?;
-    let mut llm = EngineLlm::new(&mut engine, options);
-    let generated = generate_schema(&mut llm, &request, &config)?;
+    let mut backend = args.backend.load()?;
+    let mut llm = backend.llm(options);
+    let generated = generate_schema(&mut *llm, &request, &config)?;
     for (index, attempt) in generated.attempts.iter().enumerate() {
         if let Some(reason) = &attempt.refused {
             note!("attempt {} refused: {reason}", index + 1);

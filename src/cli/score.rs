@@ -3,13 +3,12 @@
 //! answers questions from the summary alone (Correct-F1, in `qa.rs`).
 
 use super::method_args::OnOff;
-use super::{EngineArgs, SamplingArgs};
+use super::{BackendArgs, SamplingArgs};
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use prism::engine::sampling::SamplingConfig;
 use prism::engine::GenerateOptions;
-use prism::llm::EngineLlm;
 use prism::quality::coherence::{score_coherence, CoherenceConfig, CoherenceReport, VerdictKind};
 use std::path::PathBuf;
 
@@ -41,7 +40,7 @@ pub struct CoherenceArgs {
     #[arg(long, value_enum, default_value = "on")]
     constrained: OnOff,
     #[command(flatten)]
-    engine: EngineArgs,
+    backend: BackendArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
 }
@@ -66,7 +65,7 @@ fn run_coherence(args: CoherenceArgs) -> Result<()> {
     let summary =
         prism::document::read_document(&args.summary, prism::document::MAX_DOCUMENT_BYTES)?;
     let sampling = args.sampling.config(SamplingConfig::default())?;
-    let mut engine = args.engine.load()?;
+    let mut backend = args.backend.load()?;
     let config = CoherenceConfig {
         constrained: args.constrained == OnOff::On,
     };
@@ -74,8 +73,8 @@ fn run_coherence(args: CoherenceArgs) -> Result<()> {
         sampling,
         ..GenerateOptions::default()
     };
-    let judge_model = engine.name().to_string();
-    let mut llm = EngineLlm::new(&mut engine, options);
+    let judge_model = backend.name().to_string();
+    let mut llm = backend.llm(options);
     let bar = if super::is_quiet() {
         ProgressBar::hidden()
     } else {
@@ -88,7 +87,7 @@ fn run_coherence(args: CoherenceArgs) -> Result<()> {
         .expect("a valid progress template")
         .progress_chars("=> "),
     );
-    let report = score_coherence(&mut llm, &summary, &config, &mut |done, total| {
+    let report = score_coherence(&mut *llm, &summary, &config, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })?;

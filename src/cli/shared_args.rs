@@ -6,8 +6,11 @@ use clap::Args;
 use prism::engine::device::{self, DeviceChoice};
 use prism::engine::model::PrefillWeights;
 use prism::engine::prompt_cache::PromptCache;
+use prism::engine::prompt_format::PromptFormat;
 use prism::engine::sampling::SamplingConfig;
 use prism::engine::{Engine, LoadOptions};
+use prism::llm::remote::{RemoteApi, RemoteModel, RemoteOptions};
+use prism::llm::Backend;
 use std::time::Instant;
 
 /// How large a document may be.
@@ -73,7 +76,7 @@ fn parse_device(s: &str) -> Result<DeviceChoice, String> {
 
 /// A size in bytes: digits, then optionally `K`, `M` or `G` (binary units,
 /// with or without a trailing `iB` or `B`).
-fn parse_size(s: &str) -> Result<usize, String> {
+pub(super) fn parse_size(s: &str) -> Result<usize, String> {
     let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
     let unit = &s[digits.len()..];
     let shift = match unit.to_ascii_uppercase().as_str() {
@@ -139,6 +142,82 @@ impl EngineArgs {
             device::default_threads(),
         );
         Ok(engine)
+    }
+}
+
+/// Flags that choose where a method's calls run: the model loaded here, or an
+/// OpenAI-compatible server that serves the same model.
+#[derive(Debug, Args)]
+pub struct BackendArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// `local` runs --model here; `openai` sends every call to the server at --base-url,
+    /// using --model only for its tokenizer and chat template.
+    #[arg(long, value_enum, default_value = "local")]
+    pub backend: BackendKind,
+    /// The server's API root for --backend openai, e.g. `http://127.0.0.1:8080/v1`.
+    #[arg(long, value_name = "URL", required_if_eq("backend", "openai"))]
+    pub base_url: Option<String>,
+    /// The environment variable that holds the server's API key, if it needs one.
+    #[arg(long, value_name = "NAME")]
+    pub api_key_env: Option<String>,
+    /// The model's name on the server (default: the name --model resolves to).
+    #[arg(long, value_name = "NAME")]
+    pub remote_model: Option<String>,
+    /// `completions` sends token ids made with prism's template (exact prefix reuse);
+    /// `chat` sends messages, for servers that refuse raw prompts.
+    #[arg(long, value_enum, default_value = "completions")]
+    pub remote_api: RemoteApiArg,
+    /// Seconds one remote call may take, retries included.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    pub remote_timeout: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    Local,
+    Openai,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RemoteApiArg {
+    Completions,
+    Chat,
+}
+
+impl BackendArgs {
+    /// The local engine, loaded, or the remote server with --model's prompt format.
+    pub fn load(&self) -> Result<Backend> {
+        let Some(base_url) = self
+            .base_url
+            .clone()
+            .filter(|_| self.backend == BackendKind::Openai)
+        else {
+            return Ok(Backend::Local(Box::new(self.engine.load()?)));
+        };
+        let api_key = match &self.api_key_env {
+            Some(name) => Some(
+                std::env::var(name)
+                    .with_context(|| format!("--api-key-env {name}: the variable is not set"))?,
+            ),
+            None => None,
+        };
+        let source = prism::models::resolve(&self.engine.model)?;
+        let format = PromptFormat::load(&source)
+            .with_context(|| format!("reading the tokenizer of {}", self.engine.model))?;
+        let options = RemoteOptions {
+            base_url,
+            api_key,
+            remote_model: self.remote_model.clone(),
+            api: match self.remote_api {
+                RemoteApiArg::Completions => RemoteApi::Completions,
+                RemoteApiArg::Chat => RemoteApi::Chat,
+            },
+            timeout: std::time::Duration::from_secs(self.remote_timeout),
+            retries: 4,
+        };
+        note!("{}: calls go to {}", format.name(), options.base_url);
+        Ok(Backend::Remote(Box::new(RemoteModel::new(format, options))))
     }
 }
 

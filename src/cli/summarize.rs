@@ -4,7 +4,7 @@
 
 use super::method_args::{MethodArgs, MethodName};
 use super::progress::Bar;
-use super::{DocumentLimit, EngineArgs, SamplingArgs};
+use super::{BackendArgs, DocumentLimit, SamplingArgs};
 use anyhow::Result;
 use clap::Args;
 use prism::engine::sampling::SamplingConfig;
@@ -40,7 +40,7 @@ pub struct SummarizeArgs {
     #[command(flatten)]
     method_args: MethodArgs,
     #[command(flatten)]
-    engine: EngineArgs,
+    backend: BackendArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
 }
@@ -59,11 +59,17 @@ pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
         );
     }
     let text = args.document_limit.read(&args.document)?;
-    let mut engine = args.engine.load()?;
-    let tokens = Document::count(&engine, &args.document, &text)?;
+    let mut backend = args.backend.load()?;
+    let tokens = Document::count(backend.format(), &args.document, &text)?;
     let read_tokens = args.first_tokens.map_or(tokens, |limit| limit.min(tokens));
     let chunk_tokens = spec.chunk_tokens(args.chunk_tokens, read_tokens)?;
-    let document = Document::split(&engine, &text, tokens, chunk_tokens, args.first_tokens)?;
+    let document = Document::split(
+        backend.format(),
+        &text,
+        tokens,
+        chunk_tokens,
+        args.first_tokens,
+    )?;
     note!(
         "{}: {} tokens; reading {} chunk{} of up to {} tokens",
         args.document.display(),
@@ -81,7 +87,7 @@ pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
         stop_after: args.stop_after_chunks,
     };
     let mut progress = Bar::new(String::new());
-    let outcome = job.run(&mut engine, &mut progress)?;
+    let outcome = job.run(&mut backend, &mut progress)?;
     progress.bar.finish_and_clear();
     match outcome {
         Outcome::Finished { summary, stats } => {

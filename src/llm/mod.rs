@@ -1,9 +1,16 @@
 //! The model as methods see it: prompts made of text segments in, text and
-//! usage out. Methods never touch tensors or token ids.
+//! usage out. Methods never touch tensors or token ids. A [`Backend`] is
+//! where the calls run: the local engine, or a remote server ([`remote`]).
+
+pub mod remote;
 
 use crate::engine::constraint::Grammar;
-use crate::engine::{first_refused_line, Engine, GenerateOptions, LineCheck, Usage};
+use crate::engine::prompt_format::PromptFormat;
+use crate::engine::{
+    first_refused_line, Engine, EngineIdentity, GenerateOptions, LineCheck, Usage,
+};
 use crate::error::Result;
+use remote::{CacheFigures, RemoteIdentity, RemoteLlm, RemoteModel};
 
 /// A chat prompt: an optional system turn and a user turn given as segments.
 ///
@@ -55,6 +62,74 @@ pub trait Llm {
     fn prompt_tokens(&self, prompt: &Prompt) -> Result<usize>;
     /// The most tokens a prompt and its completion may hold together.
     fn context_tokens(&self) -> usize;
+    /// Whether the reuse in the usages is counted or estimated.
+    fn cache_figures(&self) -> CacheFigures {
+        CacheFigures::Measured
+    }
+}
+
+/// Where a method's calls run.
+pub enum Backend {
+    Local(Box<Engine>),
+    Remote(Box<RemoteModel>),
+}
+
+/// What decides a backend's results; the local case serializes exactly as
+/// [`EngineIdentity`] does, so fingerprints of local runs are unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(untagged)]
+pub enum BackendIdentity {
+    Local(EngineIdentity),
+    Remote(RemoteIdentity),
+}
+
+impl Backend {
+    /// How prompts become token ids, for counting and splitting.
+    pub fn format(&self) -> &PromptFormat {
+        match self {
+            Backend::Local(engine) => engine.format(),
+            Backend::Remote(model) => model.format(),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        self.format().name()
+    }
+
+    pub fn identity(&self) -> BackendIdentity {
+        match self {
+            Backend::Local(engine) => BackendIdentity::Local(engine.identity()),
+            Backend::Remote(model) => BackendIdentity::Remote(model.identity()),
+        }
+    }
+
+    /// Where the model runs, in a word or two, for reports.
+    pub fn device(&self) -> String {
+        match self {
+            Backend::Local(engine) => serde_json::to_value(engine.identity().device)
+                .ok()
+                .and_then(|value| value.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            Backend::Remote(model) => format!("remote {}", model.identity().base_url),
+        }
+    }
+
+    /// Start the next run cold: the local cache is emptied; a remote server
+    /// keeps its own, and only prism's estimate of it is reset.
+    pub fn clear_cache(&mut self) {
+        match self {
+            Backend::Local(engine) => engine.clear_cache(),
+            Backend::Remote(model) => model.forget(),
+        }
+    }
+
+    /// The backend as an [`Llm`] with these generation settings.
+    pub fn llm(&mut self, options: GenerateOptions) -> Box<dyn Llm + '_> {
+        match self {
+            Backend::Local(engine) => Box::new(EngineLlm::new(engine, options)),
+            Backend::Remote(model) => Box::new(RemoteLlm::new(model, options)),
+        }
+    }
 }
 
 /// An [`Engine`] with fixed generation settings, as an [`Llm`].

@@ -15,6 +15,7 @@ use crate::engine::constraint::Grammar;
 use crate::engine::sampling::SamplingConfig;
 use crate::engine::LineCheck;
 use crate::error::{Error, Result};
+use crate::llm::remote::CacheFigures;
 use crate::llm::{Completion, Llm, Prompt};
 use crate::metrics::degeneration::{echo_share, repeated_ngram_share};
 use crate::metrics::{Figures, Ledger};
@@ -196,6 +197,9 @@ pub struct RunStats {
     /// How the model picked tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling: Option<SamplingConfig>,
+    /// `estimated` when a remote server did not report its cached tokens.
+    #[serde(default, skip_serializing_if = "CacheFigures::is_measured")]
+    pub cache_figures: CacheFigures,
 }
 
 /// How a call to [`drive`] ended.
@@ -354,6 +358,7 @@ fn write_finish<M: Method>(
             echo_share: Some(echo_share(&summary, &method.template_texts())),
             wall_seconds: saved.seconds,
             sampling: Some(files.sampling.clone()),
+            cache_figures: llm.cache_figures(),
         },
         method_figures: finish.figures,
     };
@@ -430,5 +435,9 @@ impl Llm for Metered<'_> {
 
     fn context_tokens(&self) -> usize {
         self.inner.context_tokens()
+    }
+
+    fn cache_figures(&self) -> CacheFigures {
+        self.inner.cache_figures()
     }
 }

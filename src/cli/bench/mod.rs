@@ -3,7 +3,7 @@
 
 use super::method_args::{MemoryArg, MethodArgs, MethodName, OnOff};
 use super::progress::Bar;
-use super::{DocumentLimit, EngineArgs, SamplingArgs};
+use super::{BackendArgs, DocumentLimit, SamplingArgs};
 use anyhow::Result;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Subcommand, ValueEnum};
@@ -73,7 +73,7 @@ struct SweepArgs {
     #[command(flatten)]
     method_args: MethodArgs,
     #[command(flatten)]
-    engine: EngineArgs,
+    backend: BackendArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
 }
@@ -194,7 +194,7 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
         false => None,
         true => Some(Judging {
             judge_model: args.judge_model.clone(),
-            device: args.engine.device,
+            device: args.backend.engine.device,
             questions: args
                 .questions
                 .as_deref()
@@ -216,9 +216,9 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
         command: command_line(),
     };
     sweep.validate()?;
-    let mut engine = args.engine.load()?;
+    let mut backend = args.backend.load()?;
     let mut bar = Bar::new(String::new());
-    let outcome = prism::bench::sweep::run(&sweep, &mut engine, &mut bar);
+    let outcome = prism::bench::sweep::run(&sweep, &mut backend, &mut bar);
     bar.bar.finish_and_clear();
     out!("{}", report::markdown(&outcome?.rows))?;
     Ok(())

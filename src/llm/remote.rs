@@ -1,0 +1,400 @@
+//! A remote OpenAI-compatible server (prism serve, vLLM, SGLang, llama.cpp's
+//! server) as an [`Llm`]. prism keeps the model's tokenizer and chat
+//! template and sends each prompt as token ids to `/v1/completions`, so the
+//! token prefix the server caches is exactly the one prism would have
+//! cached itself; servers that take only chats get `/v1/chat/completions`.
+//! Accounting comes from the server's `usage`.
+
+use super::{Completion, Llm, Prompt};
+use crate::engine::chat::ChatMessage;
+use crate::engine::constraint::Grammar;
+use crate::engine::prompt_format::PromptFormat;
+use crate::engine::{GenerateOptions, Usage};
+use crate::error::{Error, Result};
+use crate::metrics::Figures;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+/// Which endpoint prompts go to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RemoteApi {
+    /// `/v1/completions` with token ids: prism's template and token prefix.
+    #[default]
+    Completions,
+    /// `/v1/chat/completions` with messages: the server's template.
+    Chat,
+}
+
+/// Where the server is and how to talk to it.
+#[derive(Debug, Clone)]
+pub struct RemoteOptions {
+    /// Up to and including `/v1`, e.g. `http://127.0.0.1:8080/v1`.
+    pub base_url: String,
+    pub api_key: Option<String>,
+    /// The name the server knows the model by; default: the local model's name.
+    pub remote_model: Option<String>,
+    pub api: RemoteApi,
+    /// For one request, retries included.
+    pub timeout: Duration,
+    /// Further tries after a 429, a 5xx or a broken connection.
+    pub retries: u32,
+}
+
+/// Where the figures of cache reuse come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheFigures {
+    /// Counted by the engine that computed them (local, or a server that reports `cached_tokens`).
+    #[default]
+    Measured,
+    /// The server did not report cached tokens; reuse is estimated from the
+    /// common token prefix with the sequence sent before.
+    Estimated,
+}
+
+impl CacheFigures {
+    pub fn is_measured(&self) -> bool {
+        *self == CacheFigures::Measured
+    }
+}
+
+/// What decides the results of a remote backend, for run fingerprints.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RemoteIdentity {
+    pub model: String,
+    pub base_url: String,
+    pub remote_model: String,
+    pub api: RemoteApi,
+}
+
+/// A model served elsewhere, with its prompt format here.
+pub struct RemoteModel {
+    format: PromptFormat,
+    options: RemoteOptions,
+    agent: ureq::Agent,
+    /// The last sequence sent and generated, for estimating reuse when the server does not say.
+    last_sequence: Vec<u32>,
+    cache_figures: CacheFigures,
+}
+
+impl RemoteModel {
+    pub fn new(format: PromptFormat, options: RemoteOptions) -> Self {
+        let agent = ureq::AgentBuilder::new().timeout(options.timeout).build();
+        RemoteModel {
+            format,
+            options,
+            agent,
+            last_sequence: Vec::new(),
+            cache_figures: CacheFigures::Measured,
+        }
+    }
+
+    pub fn format(&self) -> &PromptFormat {
+        &self.format
+    }
+
+    pub fn identity(&self) -> RemoteIdentity {
+        RemoteIdentity {
+            model: self.format.name().to_string(),
+            base_url: self.options.base_url.clone(),
+            remote_model: self.remote_model().to_string(),
+            api: self.options.api,
+        }
+    }
+
+    /// Forget the sequence sent last. The server's own cache is not ours to clear.
+    pub fn forget(&mut self) {
+        self.last_sequence.clear();
+    }
+
+    fn remote_model(&self) -> &str {
+        self.options
+            .remote_model
+            .as_deref()
+            .unwrap_or(self.format.name())
+    }
+
+    /// One call: the request for `prompt`, sent with retries, and its usage.
+    fn complete(&mut self, prompt: &Prompt, options: &GenerateOptions) -> Result<Completion> {
+        let ids = self
+            .format
+            .segmented_chat_prompt(prompt.system.as_deref(), &prompt.segments)?;
+        let (path, mut body) = match self.options.api {
+            RemoteApi::Completions => ("completions", json!({"prompt": ids})),
+            RemoteApi::Chat => {
+                let mut messages = Vec::new();
+                messages.extend(prompt.system.as_deref().map(ChatMessage::system));
+                messages.push(ChatMessage::user(prompt.segments.concat()));
+                ("chat/completions", json!({"messages": messages}))
+            }
+        };
+        add_generation_fields(&mut body, self.remote_model(), options)?;
+        let start = Instant::now();
+        let reply: Reply = self.post(path, &body)?;
+        let seconds = start.elapsed().as_secs_f64();
+        let text = reply
+            .text()
+            .ok_or_else(|| self.error("the reply has no choices"))?;
+        let usage = match reply.usage {
+            Some(reported) => self.usage(reported, &ids, &text, seconds)?,
+            None => {
+                return Err(self.error("the reply has no usage; prism cannot account for the call"))
+            }
+        };
+        Ok(Completion { text, usage })
+    }
+
+    /// The call's [`Usage`]: prism's own figures when the server is prism;
+    /// otherwise the server's counts, with the request's time as decoding
+    /// time, and reuse estimated when the server does not report it.
+    fn usage(
+        &mut self,
+        reported: ReportedUsage,
+        ids: &[u32],
+        text: &str,
+        seconds: f64,
+    ) -> Result<Usage> {
+        let mut sequence = ids.to_vec();
+        sequence.extend(self.format.tokenizer().encode(text)?);
+        let shared = common_prefix(&self.last_sequence, ids);
+        self.last_sequence = sequence;
+        if let Some(prism) = reported.prism {
+            return Ok(prism.usage());
+        }
+        let reused_tokens = match reported.prompt_tokens_details.and_then(|d| d.cached_tokens) {
+            Some(cached) => cached,
+            None => {
+                self.cache_figures = CacheFigures::Estimated;
+                shared.min(reported.prompt_tokens)
+            }
+        };
+        Ok(Usage {
+            prompt_tokens: reported.prompt_tokens,
+            reused_tokens,
+            output_tokens: reported.completion_tokens,
+            decode_steps: reported.completion_tokens,
+            decode_seconds: seconds,
+            ..Usage::default()
+        })
+    }
+
+    fn post<T: serde::de::DeserializeOwned>(&self, path: &str, body: &Value) -> Result<T> {
+        let url = format!("{}/{path}", self.options.base_url.trim_end_matches('/'));
+        let mut wait = Duration::from_millis(500);
+        let mut tries = 0;
+        loop {
+            let mut request = self.agent.post(&url);
+            if let Some(key) = &self.options.api_key {
+                request = request.set("Authorization", &format!("Bearer {key}"));
+            }
+            let retry = match request.send_json(body) {
+                Ok(response) => {
+                    return response
+                        .into_json()
+                        .map_err(|e| self.error(format!("unreadable reply: {e}")));
+                }
+                Err(ureq::Error::Status(code, response)) => {
+                    let detail = response.into_string().unwrap_or_default();
+                    let message = format!("HTTP {code}: {}", error_message(&detail));
+                    if code != 429 && code < 500 {
+                        return Err(self.error(message));
+                    }
+                    message
+                }
+                Err(ureq::Error::Transport(transport)) => transport.to_string(),
+            };
+            if tries == self.options.retries {
+                return Err(self.error(format!("{retry} (after {} tries)", tries + 1)));
+            }
+            tracing::warn!("{url}: {retry}; trying again in {wait:?}");
+            std::thread::sleep(wait);
+            wait *= 2;
+            tries += 1;
+        }
+    }
+
+    fn error(&self, reason: impl Into<String>) -> Error {
+        Error::Remote {
+            url: self.options.base_url.clone(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The error message of an OpenAI-style error body, or the body itself.
+fn error_message(body: &str) -> String {
+    serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|value| value["error"]["message"].as_str().map(str::to_string))
+        .unwrap_or_else(|| body.chars().take(300).collect())
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The request fields every engine shares: model, length, stop strings and
+/// sampling (prism's repetition controls only when on, as prism writes them),
+/// and the constraint in the field each engine family reads: `response_format`
+/// for JSON schemas, vLLM's `guided_grammar` and `guided_regex` otherwise
+/// (prism serve reads those too).
+fn add_generation_fields(body: &mut Value, model: &str, options: &GenerateOptions) -> Result<()> {
+    let sampling = serde_json::to_value(&options.sampling)
+        .map_err(|e| Error::invalid("sampling settings", e.to_string()))?;
+    let Some(fields) = body.as_object_mut() else {
+        return Ok(());
+    };
+    if let Value::Object(sampling) = sampling {
+        fields.extend(sampling.into_iter().filter(|(_, value)| !value.is_null()));
+    }
+    fields.insert("model".into(), json!(model));
+    fields.insert("max_tokens".into(), json!(options.max_tokens));
+    fields.insert("stream".into(), json!(false));
+    if !options.stop.is_empty() {
+        fields.insert("stop".into(), json!(options.stop));
+    }
+    match &options.grammar {
+        None => {}
+        Some(Grammar::JsonSchema(schema)) => {
+            let format =
+                json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}});
+            fields.insert("response_format".into(), format);
+        }
+        Some(Grammar::Lark(lark)) => {
+            fields.insert("guided_grammar".into(), json!(lark));
+        }
+        Some(Grammar::Regex(regex)) => {
+            fields.insert("guided_regex".into(), json!(regex));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+struct Reply {
+    choices: Vec<Choice>,
+    usage: Option<ReportedUsage>,
+}
+
+impl Reply {
+    fn text(&self) -> Option<String> {
+        let choice = self.choices.first()?;
+        choice
+            .text
+            .clone()
+            .or_else(|| choice.message.as_ref().map(|m| m.content.clone()))
+    }
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    text: Option<String>,
+    message: Option<ReplyMessage>,
+}
+
+#[derive(Deserialize)]
+struct ReplyMessage {
+    #[serde(default)]
+    content: String,
+}
+
+#[derive(Deserialize)]
+struct ReportedUsage {
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    prompt_tokens_details: Option<ReportedDetails>,
+    prism: Option<PrismUsage>,
+}
+
+#[derive(Deserialize)]
+struct ReportedDetails {
+    cached_tokens: Option<usize>,
+}
+
+/// What `prism serve` adds to `usage`: its figures and the times behind them.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
+pub struct PrismUsage {
+    #[serde(flatten)]
+    pub figures: Figures,
+    pub prefill_seconds: f64,
+    pub decode_steps: usize,
+    pub decode_seconds: f64,
+    pub mask_seconds: f64,
+}
+
+impl PrismUsage {
+    pub fn of(usage: &Usage) -> Self {
+        PrismUsage {
+            figures: Figures::of(usage),
+            prefill_seconds: usage.prefill_seconds,
+            decode_steps: usage.decode_steps,
+            decode_seconds: usage.decode_seconds,
+            mask_seconds: usage.mask_seconds,
+        }
+    }
+
+    /// The engine's usage, exactly as the server counted it.
+    pub fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.figures.prompt_tokens,
+            reused_tokens: self.figures.reused_tokens,
+            restored_tokens: self.figures.restored_tokens,
+            output_tokens: self.figures.output_tokens,
+            prefill_seconds: self.prefill_seconds,
+            decode_steps: self.decode_steps,
+            decode_seconds: self.decode_seconds,
+            mask_seconds: self.mask_seconds,
+        }
+    }
+}
+
+/// A [`RemoteModel`] with fixed generation settings, as an [`Llm`].
+pub struct RemoteLlm<'a> {
+    model: &'a mut RemoteModel,
+    options: GenerateOptions,
+}
+
+impl<'a> RemoteLlm<'a> {
+    /// `options.max_tokens` and `options.grammar` are replaced by each call's own.
+    pub fn new(model: &'a mut RemoteModel, options: GenerateOptions) -> Self {
+        RemoteLlm { model, options }
+    }
+}
+
+impl Llm for RemoteLlm<'_> {
+    fn complete(
+        &mut self,
+        prompt: &Prompt,
+        max_tokens: usize,
+        grammar: Option<&Grammar>,
+    ) -> Result<Completion> {
+        let options = GenerateOptions {
+            max_tokens,
+            grammar: grammar.cloned(),
+            ..self.options.clone()
+        };
+        self.model.complete(prompt, &options)
+    }
+
+    fn count_tokens(&self, text: &str) -> Result<usize> {
+        Ok(self.model.format.tokenizer().encode(text)?.len())
+    }
+
+    fn prompt_tokens(&self, prompt: &Prompt) -> Result<usize> {
+        let ids = self
+            .model
+            .format
+            .segmented_chat_prompt(prompt.system.as_deref(), &prompt.segments)?;
+        Ok(ids.len())
+    }
+
+    fn context_tokens(&self) -> usize {
+        self.model.format.context_tokens()
+    }
+
+    fn cache_figures(&self) -> CacheFigures {
+        self.model.cache_figures
+    }
+}

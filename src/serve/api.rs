@@ -1,0 +1,426 @@
+//! The OpenAI wire format: the requests `prism serve` accepts, turned into
+//! engine settings, and the responses and stream chunks it writes.
+
+use crate::engine::chat::ChatMessage;
+use crate::engine::constraint::Grammar;
+use crate::engine::sampling::SamplingConfig;
+use crate::engine::{GenerateOptions, StopReason, Usage};
+use crate::llm::remote::PrismUsage;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// An error as OpenAI clients expect it: a status and an `error` object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn invalid(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            message: message.into(),
+        }
+    }
+
+    pub fn server(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "server_error",
+            message: message.into(),
+        }
+    }
+
+    pub fn timeout() -> Self {
+        ApiError {
+            status: StatusCode::GATEWAY_TIMEOUT,
+            kind: "timeout",
+            message: "the request did not finish within the server's --request-timeout".into(),
+        }
+    }
+
+    /// The `error` object, as a response body or a stream event.
+    pub fn body(&self) -> Value {
+        serde_json::json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": null,
+            "code": null,
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}
+
+impl From<crate::Error> for ApiError {
+    fn from(error: crate::Error) -> Self {
+        match error {
+            crate::Error::InvalidInput { .. }
+            | crate::Error::PromptTooLong { .. }
+            | crate::Error::ChatTemplate { .. } => ApiError::invalid(error.to_string()),
+            other => ApiError::server(other.to_string()),
+        }
+    }
+}
+
+/// `stop`: one string or several.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// `response_format`: free text, any JSON object, or JSON valid against a schema.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema { json_schema: JsonSchemaFormat },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct JsonSchemaFormat {
+    pub schema: Value,
+}
+
+/// The fields the chat and text endpoints share: length, stopping, sampling
+/// (OpenAI's and prism's repetition controls) and constraints.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct GenerationFields {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub max_tokens: Option<usize>,
+    pub max_completion_tokens: Option<usize>,
+    pub stop: Option<Stop>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<usize>,
+    pub seed: Option<u64>,
+    pub repeat_penalty: Option<f32>,
+    pub repeat_last_n: Option<usize>,
+    pub dry_multiplier: Option<f32>,
+    pub dry_base: Option<f32>,
+    pub dry_allowed_length: Option<usize>,
+    pub dry_penalty_last_n: Option<usize>,
+    pub dry_prompt: Option<bool>,
+    pub no_repeat_ngram: Option<usize>,
+    pub loop_guard: Option<bool>,
+    pub response_format: Option<ResponseFormat>,
+    /// A grammar in llguidance's Lark dialect; vLLM calls the field `guided_grammar`.
+    #[serde(alias = "guided_grammar")]
+    pub lark: Option<String>,
+    #[serde(alias = "guided_regex")]
+    pub regex: Option<String>,
+    pub guided_json: Option<Value>,
+    // Fields of the OpenAI API this server does not implement: refused when
+    // they ask for something, rather than silently ignored.
+    pub n: Option<usize>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub logprobs: Option<Value>,
+    pub tools: Option<Value>,
+    pub suffix: Option<String>,
+    pub echo: Option<bool>,
+}
+
+/// What a request asks the engine for, checked.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub options: GenerateOptions,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+impl GenerationFields {
+    /// Check the request and turn it into generation settings; `max_tokens_limit`
+    /// is the most a request may ask for and the default when it names none.
+    pub fn settings(&self, max_tokens_limit: usize) -> Result<Settings, ApiError> {
+        self.refuse_unsupported()?;
+        let max_tokens = self
+            .max_completion_tokens
+            .or(self.max_tokens)
+            .unwrap_or(max_tokens_limit);
+        if max_tokens > max_tokens_limit {
+            return Err(ApiError::invalid(format!(
+                "max_tokens {max_tokens} is over this server's limit of {max_tokens_limit}"
+            )));
+        }
+        let sampling = self.sampling();
+        sampling
+            .validate()
+            .map_err(|e| ApiError::invalid(e.to_string()))?;
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(stop)) => vec![stop.clone()],
+            Some(Stop::Many(stops)) => stops.clone(),
+        };
+        Ok(Settings {
+            options: GenerateOptions {
+                max_tokens,
+                sampling,
+                stop,
+                grammar: self.grammar()?,
+            },
+            stream: self.stream,
+            include_usage: self
+                .stream_options
+                .as_ref()
+                .is_some_and(|options| options.include_usage),
+        })
+    }
+
+    fn refuse_unsupported(&self) -> Result<(), ApiError> {
+        let unsupported = |field: &str| {
+            Err(ApiError::invalid(format!(
+                "`{field}` is not supported by prism serve"
+            )))
+        };
+        if self.n.is_some_and(|n| n != 1) {
+            return unsupported("n");
+        }
+        if self.presence_penalty.is_some_and(|p| p != 0.0) {
+            return unsupported("presence_penalty (use repeat_penalty or dry_multiplier)");
+        }
+        if self.frequency_penalty.is_some_and(|p| p != 0.0) {
+            return unsupported("frequency_penalty (use repeat_penalty or dry_multiplier)");
+        }
+        if self
+            .logprobs
+            .as_ref()
+            .is_some_and(|v| !v.is_null() && v != &Value::Bool(false))
+        {
+            return unsupported("logprobs");
+        }
+        if self.tools.as_ref().is_some_and(|v| !v.is_null()) {
+            return unsupported("tools");
+        }
+        if self.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+            return unsupported("suffix");
+        }
+        if self.echo == Some(true) {
+            return unsupported("echo");
+        }
+        Ok(())
+    }
+
+    /// OpenAI's defaults (temperature 1, no top-p cut) for what the request
+    /// leaves out, and prism's repetition controls off unless asked for.
+    fn sampling(&self) -> SamplingConfig {
+        let base = SamplingConfig::default();
+        SamplingConfig {
+            temperature: self.temperature.unwrap_or(1.0),
+            top_k: self.top_k,
+            top_p: self.top_p.filter(|&p| p < 1.0),
+            repeat_penalty: self.repeat_penalty.unwrap_or(base.repeat_penalty),
+            repeat_last_n: self.repeat_last_n.unwrap_or(base.repeat_last_n),
+            seed: self.seed.unwrap_or(base.seed),
+            dry_multiplier: self.dry_multiplier.unwrap_or(base.dry_multiplier),
+            dry_base: self.dry_base.unwrap_or(base.dry_base),
+            dry_allowed_length: self.dry_allowed_length.unwrap_or(base.dry_allowed_length),
+            dry_penalty_last_n: self.dry_penalty_last_n.unwrap_or(base.dry_penalty_last_n),
+            dry_prompt: self.dry_prompt.unwrap_or(base.dry_prompt),
+            no_repeat_ngram: self.no_repeat_ngram.unwrap_or(base.no_repeat_ngram),
+            loop_guard: self.loop_guard.unwrap_or(base.loop_guard),
+        }
+    }
+
+    /// The one constraint the request names, if any.
+    fn grammar(&self) -> Result<Option<Grammar>, ApiError> {
+        let from_format = match &self.response_format {
+            None | Some(ResponseFormat::Text) => None,
+            Some(ResponseFormat::JsonObject) => {
+                Some(Grammar::JsonSchema(serde_json::json!({"type": "object"})))
+            }
+            Some(ResponseFormat::JsonSchema { json_schema }) => {
+                if !json_schema.schema.is_object() && !json_schema.schema.is_boolean() {
+                    return Err(ApiError::invalid(
+                        "response_format.json_schema.schema must be a JSON Schema object",
+                    ));
+                }
+                Some(Grammar::JsonSchema(json_schema.schema.clone()))
+            }
+        };
+        let named = [
+            from_format,
+            self.guided_json.clone().map(Grammar::JsonSchema),
+            self.lark.clone().map(Grammar::Lark),
+            self.regex.clone().map(Grammar::Regex),
+        ];
+        let mut named = named.into_iter().flatten();
+        let grammar = named.next();
+        if named.next().is_some() {
+            return Err(ApiError::invalid(
+                "give at most one of response_format, guided_json, lark (guided_grammar) and regex (guided_regex)",
+            ));
+        }
+        Ok(grammar)
+    }
+}
+
+/// A chat message's content: a string, or parts of which only text is understood.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct RequestMessage {
+    pub role: String,
+    pub content: Content,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<RequestMessage>,
+    #[serde(flatten)]
+    pub fields: GenerationFields,
+}
+
+impl ChatRequest {
+    pub fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid("messages is empty"));
+        }
+        self.messages
+            .iter()
+            .map(|message| {
+                let content = match &message.content {
+                    Content::Text(text) => text.clone(),
+                    Content::Parts(parts) => parts
+                        .iter()
+                        .map(|part| match (part.kind.as_str(), &part.text) {
+                            ("text", Some(text)) => Ok(text.as_str()),
+                            (kind, _) => Err(ApiError::invalid(format!(
+                                "content parts of type `{kind}` are not supported; only text"
+                            ))),
+                        })
+                        .collect::<Result<String, _>>()?,
+                };
+                Ok(ChatMessage {
+                    role: message.role.clone(),
+                    content,
+                })
+            })
+            .collect()
+    }
+}
+
+/// `prompt` of a text completion: text, or token ids (one prompt only).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptField {
+    Text(String),
+    Ids(Vec<u32>),
+    Texts(Vec<String>),
+    IdLists(Vec<Vec<u32>>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: PromptField,
+    #[serde(flatten)]
+    pub fields: GenerationFields,
+}
+
+/// What the engine is asked to continue.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    Chat(Vec<ChatMessage>),
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+impl CompletionRequest {
+    pub fn prompt(&self) -> Result<PromptInput, ApiError> {
+        let one = |count: usize| {
+            Err(ApiError::invalid(format!(
+                "prompt holds {count} prompts; prism serve takes one per request"
+            )))
+        };
+        match &self.prompt {
+            PromptField::Text(text) => Ok(PromptInput::Text(text.clone())),
+            PromptField::Ids(ids) => Ok(PromptInput::Ids(ids.clone())),
+            PromptField::Texts(texts) if texts.len() == 1 => {
+                Ok(PromptInput::Text(texts[0].clone()))
+            }
+            PromptField::IdLists(lists) if lists.len() == 1 => {
+                Ok(PromptInput::Ids(lists[0].clone()))
+            }
+            PromptField::Texts(texts) => one(texts.len()),
+            PromptField::IdLists(lists) => one(lists.len()),
+        }
+    }
+}
+
+/// OpenAI's `finish_reason` for how generation ended.
+pub fn finish_reason(reason: StopReason) -> &'static str {
+    match reason {
+        StopReason::MaxTokens | StopReason::ContextFull => "length",
+        StopReason::EndOfTurn
+        | StopReason::StopString
+        | StopReason::Repetition
+        | StopReason::LineRefused
+        | StopReason::Cancelled => "stop",
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: usize,
+}
+
+/// `usage` as OpenAI writes it, plus prism's own figures under `prism`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApiUsage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prism: Option<PrismUsage>,
+}
+
+impl ApiUsage {
+    /// Cached tokens are those not computed again: reused from memory or restored from disk.
+    pub fn of(usage: &Usage) -> Self {
+        ApiUsage {
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.output_tokens,
+            total_tokens: usage.prompt_tokens + usage.output_tokens,
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: usage.reused_tokens + usage.restored_tokens,
+            },
+            prism: Some(PrismUsage::of(usage)),
+        }
+    }
+}

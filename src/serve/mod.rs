@@ -1,0 +1,425 @@
+//! `prism serve`: an OpenAI-compatible HTTP server on the prism engine.
+//!
+//! Requests queue for one engine thread (see [`worker`]), so a prompt that
+//! extends an earlier one reuses its cached prefix, as within one process.
+//! The HTTP side runs on a single-threaded tokio runtime of its own: it only
+//! parses, waits and writes, while the engine's threads do the work.
+
+pub mod api;
+mod worker;
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use api::{ApiError, ApiUsage, ChatRequest, CompletionRequest, GenerationFields, PromptInput};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::{self, StreamExt};
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use worker::{Event, Finished, Job};
+
+/// Limits and access for a server.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// When set, requests must carry `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// Larger request bodies get 413.
+    pub max_body_bytes: usize,
+    /// The most tokens a request may ask for, and what it gets when it names none.
+    pub max_tokens: usize,
+    /// From arrival, queueing included; past it a request gets 504.
+    pub request_timeout: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            api_key: None,
+            max_body_bytes: 4 << 20,
+            max_tokens: 2048,
+            request_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// A running server; dropping it stops it.
+pub struct Server {
+    address: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    /// Serve `engine` on `listener` (already bound) until stopped.
+    pub fn start(
+        engine: Engine,
+        listener: std::net::TcpListener,
+        options: ServeOptions,
+    ) -> Result<Self> {
+        let address = listener
+            .local_addr()
+            .map_err(|e| Error::invalid("listening socket", e.to_string()))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::invalid("listening socket", e.to_string()))?;
+        let app = App {
+            model: engine.name().to_string(),
+            context_tokens: engine.context_tokens(),
+            queue: worker::spawn(engine)
+                .map_err(|e| Error::invalid("engine thread", e.to_string()))?,
+            options,
+            next_id: AtomicU64::new(1),
+        };
+        let router = router(Arc::new(app));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::invalid("server runtime", e.to_string()))?;
+        let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("prism-http".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                        return;
+                    };
+                    let served = axum::serve(listener, router).with_graceful_shutdown(async {
+                        let _ = stopped.await;
+                    });
+                    if let Err(error) = served.await {
+                        tracing::error!("server stopped: {error}");
+                    }
+                });
+            })
+            .map_err(|e| Error::invalid("server thread", e.to_string()))?;
+        Ok(Server {
+            address,
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        })
+    }
+
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Serve until the process gets Ctrl-C, then stop.
+    pub fn run_until_interrupted(self) -> Result<()> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::invalid("signal handler", e.to_string()))?;
+        runtime
+            .block_on(tokio::signal::ctrl_c())
+            .map_err(|e| Error::invalid("signal handler", e.to_string()))?;
+        Ok(())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+struct App {
+    model: String,
+    context_tokens: usize,
+    queue: mpsc::Sender<Job>,
+    options: ServeOptions,
+    next_id: AtomicU64,
+}
+
+fn router(app: Arc<App>) -> Router {
+    let body_limit = app.options.max_body_bytes;
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(app)
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn not_found() -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        kind: "invalid_request_error",
+        message: "no such endpoint".into(),
+    }
+}
+
+async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    if let Err(error) = app.authorize(&headers) {
+        return error.into_response();
+    }
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": app.model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "prism",
+            "context_length": app.context_tokens,
+        }],
+    }))
+    .into_response()
+}
+
+async fn chat_completions(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Response {
+    let request = app
+        .authorize(&headers)
+        .and_then(|()| parse::<ChatRequest>(body))
+        .and_then(|request| Ok((request.messages()?, request.fields)));
+    match request {
+        Ok((messages, fields)) => {
+            app.respond(Kind::Chat, PromptInput::Chat(messages), &fields)
+                .await
+        }
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn completions(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Response {
+    let request = app
+        .authorize(&headers)
+        .and_then(|()| parse::<CompletionRequest>(body))
+        .and_then(|request| Ok((request.prompt()?, request.fields)));
+    match request {
+        Ok((prompt, fields)) => app.respond(Kind::Text, prompt, &fields).await,
+        Err(error) => error.into_response(),
+    }
+}
+
+/// The body as JSON of type `T`, or the error a client can act on.
+fn parse<T: serde::de::DeserializeOwned>(
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> std::result::Result<T, ApiError> {
+    let body = body.map_err(|rejection| ApiError {
+        status: rejection.status(),
+        kind: "invalid_request_error",
+        message: rejection.body_text(),
+    })?;
+    serde_json::from_slice(&body).map_err(|e| ApiError::invalid(format!("request body: {e}")))
+}
+
+/// Which endpoint answers: the two differ only in the shape of their JSON.
+#[derive(Clone, Copy)]
+enum Kind {
+    Chat,
+    Text,
+}
+
+impl App {
+    fn authorize(&self, headers: &HeaderMap) -> std::result::Result<(), ApiError> {
+        let Some(key) = &self.options.api_key else {
+            return Ok(());
+        };
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "));
+        if given == Some(key.as_str()) {
+            Ok(())
+        } else {
+            Err(ApiError {
+                status: StatusCode::UNAUTHORIZED,
+                kind: "authentication_error",
+                message: "missing or wrong API key (Authorization: Bearer …)".into(),
+            })
+        }
+    }
+
+    async fn respond(
+        &self,
+        kind: Kind,
+        prompt: PromptInput,
+        fields: &GenerationFields,
+    ) -> Response {
+        let settings = match fields.settings(self.options.max_tokens) {
+            Ok(settings) => settings,
+            Err(error) => return error.into_response(),
+        };
+        let (events, received) = unbounded_channel();
+        let job = Job {
+            prompt,
+            options: settings.options,
+            stream: settings.stream,
+            deadline: Instant::now() + self.options.request_timeout,
+            events,
+        };
+        if self.queue.send(job).is_err() {
+            return ApiError::server("the engine thread has stopped").into_response();
+        }
+        let reply = Reply {
+            kind,
+            id: self.next_id(kind),
+            created: unix_seconds(),
+            model: self.model.clone(),
+        };
+        if settings.stream {
+            reply
+                .stream(received, settings.include_usage)
+                .into_response()
+        } else {
+            match tokio::time::timeout(self.options.request_timeout, finished(received)).await {
+                Ok(Ok(finished)) => Json(reply.whole(&finished)).into_response(),
+                Ok(Err(error)) => error.into_response(),
+                Err(_) => ApiError::timeout().into_response(),
+            }
+        }
+    }
+
+    fn next_id(&self, kind: Kind) -> String {
+        let prefix = match kind {
+            Kind::Chat => "chatcmpl",
+            Kind::Text => "cmpl",
+        };
+        format!(
+            "{prefix}-prism-{}",
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+/// The job's final event, skipping streamed text.
+async fn finished(
+    mut received: UnboundedReceiver<Event>,
+) -> std::result::Result<Finished, ApiError> {
+    while let Some(event) = received.recv().await {
+        if let Event::Done(result) = event {
+            return result;
+        }
+    }
+    Err(ApiError::server(
+        "the engine thread stopped during the request",
+    ))
+}
+
+fn unix_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs())
+}
+
+/// The parts every response object of one request shares.
+struct Reply {
+    kind: Kind,
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl Reply {
+    fn envelope(&self, object: &str, choices: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        })
+    }
+
+    fn whole(&self, finished: &Finished) -> Value {
+        let finish_reason = api::finish_reason(finished.stop_reason);
+        let (object, choice) = match self.kind {
+            Kind::Chat => (
+                "chat.completion",
+                json!({"index": 0, "message": {"role": "assistant", "content": finished.text}, "finish_reason": finish_reason}),
+            ),
+            Kind::Text => (
+                "text_completion",
+                json!({"index": 0, "text": finished.text, "finish_reason": finish_reason}),
+            ),
+        };
+        let mut body = self.envelope(object, json!([choice]));
+        body["usage"] = json!(ApiUsage::of(&finished.usage));
+        body
+    }
+
+    /// One stream chunk carrying `text` and, on the last, why generation ended.
+    fn chunk(&self, text: &str, finish_reason: Option<&str>) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => {
+                json!({"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": finish_reason})
+            }
+            Kind::Text => json!({"index": 0, "text": text, "finish_reason": finish_reason}),
+        };
+        self.envelope(self.chunk_object(), json!([choice]))
+    }
+
+    /// Server-sent events: a chunk per piece of text, a last chunk with the
+    /// finish reason, the usage when asked for, then `[DONE]`. Dropping the
+    /// stream (the client left) drops the receiver, which stops the job.
+    fn stream(
+        self,
+        received: UnboundedReceiver<Event>,
+        include_usage: bool,
+    ) -> Sse<impl futures_util::Stream<Item = std::result::Result<SseEvent, Infallible>>> {
+        let data = |value: Value| SseEvent::default().data(value.to_string());
+        let received = stream::unfold(received, |mut received| async move {
+            received.recv().await.map(|event| (event, received))
+        });
+        let events = received.flat_map(move |event| {
+            let events = match event {
+                Event::Text(text) => vec![data(self.chunk(&text, None))],
+                Event::Done(Ok(finished)) => {
+                    let reason = api::finish_reason(finished.stop_reason);
+                    let mut events = vec![data(self.chunk("", Some(reason)))];
+                    if include_usage {
+                        let mut last = self.envelope(self.chunk_object(), json!([]));
+                        last["usage"] = json!(ApiUsage::of(&finished.usage));
+                        events.push(data(last));
+                    }
+                    events.push(SseEvent::default().data("[DONE]"));
+                    events
+                }
+                Event::Done(Err(error)) => {
+                    vec![data(error.body()), SseEvent::default().data("[DONE]")]
+                }
+            };
+            stream::iter(events.into_iter().map(Ok))
+        });
+        Sse::new(events)
+    }
+
+    fn chunk_object(&self) -> &'static str {
+        match self.kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Text => "text_completion",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,350 @@
+//! `prism serve` and the remote backend: methods run over HTTP against prism's
+//! own server account exactly as they do locally, and bad requests leave the
+//! server answering the next one.
+
+use crate::common::{fetched_model, run_prism, tiny_chat_model, words_document};
+use prism::engine::source::ModelSource;
+use prism::engine::{Engine, GenerateOptions, LoadOptions};
+use prism::llm::remote::{RemoteApi, RemoteModel, RemoteOptions};
+use prism::llm::{Backend, Prompt};
+use prism::serve::{ServeOptions, Server};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::time::Duration;
+
+fn load(source: &ModelSource) -> Engine {
+    let mut engine = Engine::load(source, &LoadOptions::default()).unwrap();
+    // As the CLI sets it, so local and served runs cache alike.
+    engine.set_cache_slots(2);
+    engine
+}
+
+fn tiny_source(dir: &Path) -> ModelSource {
+    tiny_chat_model(dir);
+    ModelSource::HfDir {
+        dir: dir.to_path_buf(),
+        name: "tiny-chat".into(),
+    }
+}
+
+fn serve(source: &ModelSource, options: ServeOptions) -> (Server, String) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = Server::start(load(source), listener, options).unwrap();
+    let base = format!("http://{}/v1", server.address());
+    (server, base)
+}
+
+fn post(base: &str, path: &str, body: &Value) -> (u16, Value) {
+    let sent = ureq::post(&format!("{base}/{path}")).send_json(body);
+    match sent {
+        Ok(response) => (response.status(), response.into_json().unwrap()),
+        Err(ureq::Error::Status(code, response)) => (code, response.into_json().unwrap()),
+        Err(other) => panic!("{other}"),
+    }
+}
+
+fn post_raw(base: &str, path: &str, body: &[u8]) -> (u16, Value) {
+    let sent = ureq::post(&format!("{base}/{path}"))
+        .set("Content-Type", "application/json")
+        .send_bytes(body);
+    match sent {
+        Ok(response) => (response.status(), response.into_json().unwrap()),
+        Err(ureq::Error::Status(code, response)) => (code, response.into_json().unwrap()),
+        Err(other) => panic!("{other}"),
+    }
+}
+
+/// A greedy text completion of token ids; its text.
+fn complete_ids(base: &str, ids: &[u32], max_tokens: usize) -> String {
+    let body = json!({"prompt": ids, "max_tokens": max_tokens, "temperature": 0});
+    let (status, reply) = post(base, "completions", &body);
+    assert_eq!(status, 200, "{reply}");
+    reply["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+/// Everything a stream delivers: the text pieces joined, and the usage chunk.
+fn stream_ids(base: &str, ids: &[u32], max_tokens: usize) -> (String, Value) {
+    let body = json!({"prompt": ids, "max_tokens": max_tokens, "temperature": 0,
+        "stream": true, "stream_options": {"include_usage": true}});
+    let response = ureq::post(&format!("{base}/completions"))
+        .send_json(&body)
+        .unwrap();
+    let mut text = String::new();
+    let mut usage = Value::Null;
+    for line in BufReader::new(response.into_reader()).lines() {
+        let line = line.unwrap();
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let chunk: Value = serde_json::from_str(data).unwrap();
+        if let Some(piece) = chunk["choices"][0]["text"].as_str() {
+            text.push_str(piece);
+        }
+        if !chunk["usage"].is_null() {
+            usage = chunk["usage"].clone();
+        }
+    }
+    (text, usage)
+}
+
+fn summarize(model: &Path, doc: &Path, out: &Path, extra: &[&str]) {
+    let mut args = vec![
+        "summarize",
+        doc.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--chunk-tokens",
+        "12",
+        "--constrained",
+        "off",
+        "--revision-tokens",
+        "24",
+        "--answer-tokens",
+        "16",
+        "--threads",
+        "1",
+    ];
+    args.extend(extra);
+    let (success, _, stderr) = run_prism(&args);
+    assert!(success, "{stderr}");
+}
+
+fn steps(run: &Path) -> Vec<Value> {
+    std::fs::read_to_string(run.join("steps.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+#[test]
+fn summarize_over_http_builds_the_same_memory_with_the_same_prompt_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    let source = tiny_source(&model);
+    let doc = words_document(dir.path());
+    let local = dir.path().join("local");
+    summarize(&model, &doc, &local, &[]);
+
+    let (_server, base) = serve(&source, ServeOptions::default());
+    let remote = dir.path().join("remote");
+    summarize(
+        &model,
+        &doc,
+        &remote,
+        &["--backend", "openai", "--base-url", &base],
+    );
+
+    let read = |run: &Path, file: &str| std::fs::read_to_string(run.join(file)).unwrap();
+    assert_eq!(read(&local, "memory.json"), read(&remote, "memory.json"));
+    assert_eq!(read(&local, "summary.txt"), read(&remote, "summary.txt"));
+    let (local, remote) = (steps(&local), steps(&remote));
+    assert_eq!(local.len(), remote.len());
+    for (local, remote) in local.iter().zip(&remote) {
+        for field in ["prompt_tokens", "reused_tokens", "net_tokens"] {
+            assert_eq!(local[field], remote[field], "{field} of step {local}");
+        }
+        // Locally a refused line stops generation; a server finishes the
+        // reply and prism cuts it, so it can only have generated more.
+        assert!(remote["output_tokens"].as_u64() >= local["output_tokens"].as_u64());
+    }
+}
+
+#[test]
+fn the_servers_cached_tokens_are_the_engines_reused_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = tiny_source(dir.path());
+    let (_server, base) = serve(&source, ServeOptions::default());
+    let format = prism::engine::prompt_format::PromptFormat::load(&source).unwrap();
+    let options = RemoteOptions {
+        base_url: base,
+        api_key: None,
+        remote_model: None,
+        api: RemoteApi::Completions,
+        timeout: Duration::from_secs(120),
+        retries: 0,
+    };
+    let mut remote = Backend::Remote(Box::new(RemoteModel::new(format, options)));
+    let mut local = Backend::Local(Box::new(load(&source)));
+    let prompts = [
+        vec!["w2 w3 w4 ".to_string()],
+        vec!["w2 w3 w4 ".to_string(), "w5 w6 ".to_string()],
+        vec!["w9 w10 ".to_string()],
+        vec!["w2 w3 w4 ".to_string(), "w5 w6 w7 ".to_string()],
+    ];
+    for segments in prompts {
+        let prompt = Prompt {
+            system: Some("w11 w12".into()),
+            segments,
+        };
+        let local = local
+            .llm(GenerateOptions::default())
+            .complete(&prompt, 4, None)
+            .unwrap();
+        let remote = remote
+            .llm(GenerateOptions::default())
+            .complete(&prompt, 4, None)
+            .unwrap();
+        assert_eq!(local.text, remote.text);
+        assert_eq!(local.usage.prompt_tokens, remote.usage.prompt_tokens);
+        assert_eq!(local.usage.reused_tokens, remote.usage.reused_tokens);
+        assert_eq!(local.usage.output_tokens, remote.usage.output_tokens);
+    }
+}
+
+#[test]
+fn streaming_delivers_the_text_a_whole_reply_has() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = tiny_source(dir.path());
+    let (_server, base) = serve(&source, ServeOptions::default());
+    let ids = [3, 4, 5, 6, 7];
+    let whole = complete_ids(&base, &ids, 20);
+    let (streamed, usage) = stream_ids(&base, &ids, 20);
+    assert_eq!(streamed, whole);
+    assert_eq!(usage["completion_tokens"], 20);
+    // The second call found the prompt cached, all but the last token,
+    // whose logits the engine computes again to pick the first new one.
+    assert_eq!(
+        usage["prompt_tokens_details"]["cached_tokens"],
+        ids.len() - 1
+    );
+}
+
+#[test]
+fn eight_concurrent_clients_each_get_their_own_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = tiny_source(dir.path());
+    let (_server, base) = serve(&source, ServeOptions::default());
+    let prompts: Vec<Vec<u32>> = (0..8).map(|i| vec![2 + i, 20 + i, 40 + i]).collect();
+    let alone: Vec<String> = prompts
+        .iter()
+        .map(|ids| complete_ids(&base, ids, 6))
+        .collect();
+    let together: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|ids| scope.spawn(|| complete_ids(&base, ids, 6)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(together, alone);
+}
+
+#[test]
+fn bad_requests_get_openai_errors_and_the_server_answers_the_next_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = tiny_source(dir.path());
+    let options = ServeOptions {
+        max_body_bytes: 1024,
+        max_tokens: 32,
+        ..ServeOptions::default()
+    };
+    let (_server, base) = serve(&source, options);
+    let still_answers = || {
+        complete_ids(&base, &[3, 4], 2);
+    };
+
+    let (status, reply) = post_raw(&base, "chat/completions", b"{\"messages\": [");
+    assert_eq!(status, 400);
+    assert!(reply["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("request body"));
+    still_answers();
+
+    let huge = json!({"prompt": "w2 ".repeat(1000)});
+    let (status, reply) = post(&base, "completions", &huge);
+    assert_eq!(status, 413, "{reply}");
+    assert_eq!(reply["error"]["type"], "invalid_request_error");
+    still_answers();
+
+    let bad_schema = json!({"prompt": [3], "response_format":
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}});
+    let (status, reply) = post(&base, "completions", &bad_schema);
+    assert!(status == 400 || status == 500, "{status} {reply}");
+    assert!(reply["error"]["message"].is_string());
+    still_answers();
+
+    let (status, reply) = post(
+        &base,
+        "completions",
+        &json!({"prompt": [3], "max_tokens": 33}),
+    );
+    assert_eq!(status, 400);
+    assert!(reply["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("limit of 32"));
+    let (status, _) = post(&base, "completions", &json!({"prompt": [100000]}));
+    assert_eq!(status, 400);
+
+    // A client that leaves mid-stream: the server stops its generation and goes on.
+    let body = json!({"prompt": [3, 4], "max_tokens": 32, "temperature": 0, "stream": true});
+    let response = ureq::post(&format!("{base}/completions"))
+        .send_json(&body)
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(response.into_reader())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("data: "));
+    still_answers();
+}
+
+#[test]
+fn an_api_key_is_required_when_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = tiny_source(dir.path());
+    let options = ServeOptions {
+        api_key: Some("secret".into()),
+        ..ServeOptions::default()
+    };
+    let (_server, base) = serve(&source, options);
+    let (status, reply) = post(
+        &base,
+        "completions",
+        &json!({"prompt": [3], "max_tokens": 1}),
+    );
+    assert_eq!(status, 401);
+    assert_eq!(reply["error"]["type"], "authentication_error");
+    let reply: Value = ureq::post(&format!("{base}/completions"))
+        .set("Authorization", "Bearer secret")
+        .send_json(json!({"prompt": [3], "max_tokens": 1}))
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(reply["usage"]["completion_tokens"], 1);
+}
+
+#[test]
+fn a_json_schema_request_returns_json_that_validates() {
+    let source = ModelSource::Gguf {
+        path: fetched_model("SmolLM2-135M-Instruct.Q4_1.gguf"),
+        name: "smollm2-135m-instruct".into(),
+    };
+    let (_server, base) = serve(&source, ServeOptions::default());
+    let text = json!({"type": "string", "maxLength": 40});
+    let schema = json!({"type": "object", "properties": {"city": text, "country": text},
+        "required": ["city", "country"], "additionalProperties": false});
+    let body = json!({
+        "messages": [{"role": "user", "content": "Name the capital of France and its country."}],
+        "max_tokens": 120, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+    });
+    let (status, reply) = post(&base, "chat/completions", &body);
+    assert_eq!(status, 200, "{reply}");
+    let content = reply["choices"][0]["message"]["content"].as_str().unwrap();
+    let value: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {content}"));
+    assert!(
+        value["city"].is_string() && value["country"].is_string(),
+        "{value}"
+    );
+    assert_eq!(reply["choices"][0]["finish_reason"], "stop");
+}
