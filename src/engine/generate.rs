@@ -205,6 +205,11 @@ impl TextWatch<'_> {
         tokens: &[u32],
         decode: impl FnOnce(&[u32]) -> Result<String>,
     ) -> Result<Option<(String, StopReason)>> {
+        if self.loop_guard {
+            if let Some(keep) = sampling::periodic_tail(tokens) {
+                return Ok(Some((decode(&tokens[..keep])?, StopReason::Repetition)));
+            }
+        }
         let unit_may_end = (self.loop_guard || self.refuse_line.is_some())
             && tokens
                 .iter()

@@ -67,7 +67,8 @@ pub struct SamplingConfig {
     #[serde(default, skip_serializing_if = "is_zero_usize")]
     pub no_repeat_ngram: usize,
     /// End a generation once it completes a line or sentence it already
-    /// wrote, cutting the text before the repeat (see [`repeated_unit`]).
+    /// wrote, cutting the text before the repeat (see [`repeated_unit`]), or
+    /// once it writes a run of tokens three times over ([`periodic_tail`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub loop_guard: bool,
 }
@@ -432,6 +433,25 @@ pub fn repeated_unit(text: &str) -> Option<usize> {
         start = end;
     }
     None
+}
+
+/// The shortest run of tokens the loop guard counts as a phrase loop, and
+/// the longest it looks for.
+const LOOP_MIN_PERIOD: usize = 4;
+const LOOP_MAX_PERIOD: usize = 64;
+
+/// The loop guard's test for loops no line or sentence end marks
+/// (`'The Log: 'The Log: 'The Log: …`): when `tokens` end with the same run of
+/// at least 4 tokens three times over, how many tokens to keep, which is up to
+/// the end of the run's first occurrence.
+pub fn periodic_tail(tokens: &[u32]) -> Option<usize> {
+    let n = tokens.len();
+    (LOOP_MIN_PERIOD..=LOOP_MAX_PERIOD.min(n / 3)).find_map(|period| {
+        let last = &tokens[n - period..];
+        let repeated = last == &tokens[n - 2 * period..n - period]
+            && last == &tokens[n - 3 * period..n - 2 * period];
+        repeated.then_some(n - 2 * period)
+    })
 }
 
 /// A seeded token picker: the same seed and logits give the same tokens.

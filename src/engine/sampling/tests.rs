@@ -340,3 +340,28 @@ fn the_loop_check_passes_different_short_and_unfinished_units() {
     );
     assert_eq!(repeated_unit(""), None);
 }
+
+#[test]
+fn a_phrase_written_three_times_over_is_cut_after_its_first_time() {
+    let intro = [9, 8];
+    let phrase = [1, 2, 3, 4, 5];
+    let mut tokens = intro.to_vec();
+    for _ in 0..2 {
+        tokens.extend(phrase);
+        assert_eq!(periodic_tail(&tokens), None);
+    }
+    tokens.extend(&phrase[..4]);
+    assert_eq!(periodic_tail(&tokens), None, "the third time is not complete");
+    tokens.push(5);
+    assert_eq!(periodic_tail(&tokens), Some(intro.len() + phrase.len()));
+}
+
+#[test]
+fn short_repeats_count_only_once_they_fill_three_runs_of_four() {
+    // "ha ha ha", list markers: runs under four tokens repeat freely…
+    assert_eq!(periodic_tail(&[1, 2, 3, 1, 2, 3, 1, 2, 3]), None);
+    assert_eq!(periodic_tail(&[7; 11]), None);
+    // …until they make a run of four three times over.
+    assert_eq!(periodic_tail(&[7; 12]), Some(4));
+    assert_eq!(periodic_tail(&[]), None);
+}
