@@ -167,7 +167,7 @@ fn the_servers_cached_tokens_are_the_engines_reused_tokens() {
         base_url: base,
         api_key: None,
         remote_model: None,
-        api: RemoteApi::Completions,
+        api: RemoteApi::Ids,
         timeout: Duration::from_secs(120),
         retries: 0,
     };

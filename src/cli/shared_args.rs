@@ -164,10 +164,11 @@ pub struct BackendArgs {
     /// The model's name on the server (default: the name --model resolves to).
     #[arg(long, value_name = "NAME")]
     pub remote_model: Option<String>,
-    /// `completions` sends token ids made with prism's template (exact prefix reuse);
-    /// `chat` sends messages, for servers that refuse raw prompts.
-    #[arg(long, value_enum, default_value = "completions")]
-    pub remote_api: RemoteApiArg,
+    /// `ids` sends token ids made with prism's template (exact prefix reuse); `text` sends
+    /// that prompt as text, for servers that take no ids; `chat` sends messages, for servers
+    /// that refuse raw prompts.
+    #[arg(long, value_enum, default_value = "ids")]
+    pub remote_prompt: RemotePromptArg,
     /// Seconds one remote call may take, retries included.
     #[arg(long, value_name = "SECONDS", default_value_t = 600)]
     pub remote_timeout: u64,
@@ -180,8 +181,9 @@ pub enum BackendKind {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum RemoteApiArg {
-    Completions,
+pub enum RemotePromptArg {
+    Ids,
+    Text,
     Chat,
 }
 
@@ -209,9 +211,10 @@ impl BackendArgs {
             base_url,
             api_key,
             remote_model: self.remote_model.clone(),
-            api: match self.remote_api {
-                RemoteApiArg::Completions => RemoteApi::Completions,
-                RemoteApiArg::Chat => RemoteApi::Chat,
+            api: match self.remote_prompt {
+                RemotePromptArg::Ids => RemoteApi::Ids,
+                RemotePromptArg::Text => RemoteApi::Text,
+                RemotePromptArg::Chat => RemoteApi::Chat,
             },
             timeout: std::time::Duration::from_secs(self.remote_timeout),
             retries: 4,

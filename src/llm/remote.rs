@@ -2,7 +2,8 @@
 //! server) as an [`Llm`]. prism keeps the model's tokenizer and chat
 //! template and sends each prompt as token ids to `/v1/completions`, so the
 //! token prefix the server caches is exactly the one prism would have
-//! cached itself; servers that take only chats get `/v1/chat/completions`.
+//! cached itself; servers that take no ids get the prompt's text, and those
+//! that take only chats get `/v1/chat/completions`.
 //! Accounting comes from the server's `usage`.
 
 use super::{Completion, Llm, Prompt};
@@ -16,14 +17,17 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
-/// Which endpoint prompts go to.
+/// How prompts are sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RemoteApi {
-    /// `/v1/completions` with token ids: prism's template and token prefix.
+    /// Token ids to `/v1/completions`: prism's template and token prefix, exactly.
     #[default]
-    Completions,
-    /// `/v1/chat/completions` with messages: the server's template.
+    Ids,
+    /// The rendered prompt as text to `/v1/completions`, for servers that
+    /// take no token ids (llama-cpp-python's); the server tokenizes it whole.
+    Text,
+    /// Messages to `/v1/chat/completions`: the server's template.
     Chat,
 }
 
@@ -121,14 +125,16 @@ impl RemoteModel {
         let ids = self
             .format
             .segmented_chat_prompt(prompt.system.as_deref(), &prompt.segments)?;
+        let mut messages = Vec::new();
+        messages.extend(prompt.system.as_deref().map(ChatMessage::system));
+        messages.push(ChatMessage::user(prompt.segments.concat()));
         let (path, mut body) = match self.options.api {
-            RemoteApi::Completions => ("completions", json!({"prompt": ids})),
-            RemoteApi::Chat => {
-                let mut messages = Vec::new();
-                messages.extend(prompt.system.as_deref().map(ChatMessage::system));
-                messages.push(ChatMessage::user(prompt.segments.concat()));
-                ("chat/completions", json!({"messages": messages}))
+            RemoteApi::Ids => ("completions", json!({"prompt": ids})),
+            RemoteApi::Text => {
+                let text = self.format.render_chat(&messages)?;
+                ("completions", json!({"prompt": text}))
             }
+            RemoteApi::Chat => ("chat/completions", json!({"messages": messages})),
         };
         add_generation_fields(&mut body, self.remote_model(), options)?;
         let start = Instant::now();

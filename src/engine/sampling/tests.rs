@@ -351,7 +351,11 @@ fn a_phrase_written_three_times_over_is_cut_after_its_first_time() {
         assert_eq!(periodic_tail(&tokens), None);
     }
     tokens.extend(&phrase[..4]);
-    assert_eq!(periodic_tail(&tokens), None, "the third time is not complete");
+    assert_eq!(
+        periodic_tail(&tokens),
+        None,
+        "the third time is not complete"
+    );
     tokens.push(5);
     assert_eq!(periodic_tail(&tokens), Some(intro.len() + phrase.len()));
 }
