@@ -8,7 +8,7 @@
 
 use std::fs;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::{Error, Result};
 
@@ -23,6 +23,37 @@ pub const MAX_DOCUMENT_BYTES: u64 = 16 << 20;
 /// A file where more than this share of bytes are control characters (other than
 /// tab, line feed, carriage return and form feed) is treated as binary.
 const MAX_CONTROL_SHARE: f64 = 0.05;
+
+/// The documents `paths` name, in order: a file stands for itself, a
+/// directory for the files directly in it, by name (hidden ones skipped).
+/// A directory with no such file is an error, so a mistyped folder is not
+/// an empty sweep.
+pub fn expand_directories(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut documents = Vec::new();
+    for path in paths {
+        if !path.is_dir() {
+            documents.push(path.clone());
+            continue;
+        }
+        let mut files = Vec::new();
+        for entry in fs::read_dir(path).map_err(|err| Error::io(path, err))? {
+            let entry = entry.map_err(|err| Error::io(path, err))?;
+            let hidden = entry.file_name().to_string_lossy().starts_with('.');
+            if !hidden && entry.path().is_file() {
+                files.push(entry.path());
+            }
+        }
+        if files.is_empty() {
+            return Err(Error::invalid(
+                path.display().to_string(),
+                "is a directory with no documents in it",
+            ));
+        }
+        files.sort();
+        documents.extend(files);
+    }
+    Ok(documents)
+}
 
 /// Read the document at `path` as UTF-8 text, without a BOM and with LF line ends.
 ///
@@ -105,7 +136,28 @@ fn is_suspect_control(byte: u8) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
+
+    #[test]
+    fn directories_stand_for_their_visible_files_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let books = dir.path().join("books");
+        fs::create_dir(&books).unwrap();
+        for name in ["b.txt", "a.txt", ".hidden"] {
+            fs::write(books.join(name), "text").unwrap();
+        }
+        fs::create_dir(books.join("nested")).unwrap();
+        let single = dir.path().join("single.txt");
+        fs::write(&single, "text").unwrap();
+        let expanded = expand_directories(&[single.clone(), books.clone()]).unwrap();
+        assert_eq!(expanded, [single, books.join("a.txt"), books.join("b.txt")]);
+        let empty = dir.path().join("empty");
+        fs::create_dir(&empty).unwrap();
+        let err = expand_directories(&[empty]).unwrap_err().to_string();
+        assert!(
+            err.ends_with("is a directory with no documents in it"),
+            "{err}"
+        );
+    }
 
     fn write(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
         let path = dir.path().join(name);

@@ -348,3 +348,86 @@ fn a_json_schema_request_returns_json_that_validates() {
     );
     assert_eq!(reply["choices"][0]["finish_reason"], "stop");
 }
+
+/// The memory each run of a bench directory wrote, by run directory.
+fn memories(bench: &Path) -> Vec<(String, String)> {
+    let rows = std::fs::read_to_string(bench.join("results.jsonl")).unwrap();
+    let mut memories: Vec<(String, String)> = rows
+        .lines()
+        .map(|line| {
+            let row: Value = serde_json::from_str(line).unwrap();
+            let run_dir = row["run_dir"].as_str().unwrap().to_string();
+            let memory = std::fs::read_to_string(bench.join(&run_dir).join("memory.json"));
+            (run_dir, memory.unwrap())
+        })
+        .collect();
+    memories.sort();
+    memories
+}
+
+#[test]
+fn a_bench_of_two_documents_runs_side_by_side_over_http_with_the_local_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    let source = tiny_source(&model);
+    let docs = dir.path().join("docs");
+    std::fs::create_dir(&docs).unwrap();
+    let first = words_document(&docs);
+    let second = docs.join("second.txt");
+    let text = std::fs::read_to_string(&first).unwrap();
+    std::fs::write(&second, text.replace("w1", "w3")).unwrap();
+    let bench = |out: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            docs.to_str().unwrap(),
+            "--methods",
+            "prism-amendments-unconstrained,prism-in-place-unconstrained",
+            "--chunk-tokens",
+            "12",
+            "--model",
+            model.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--revision-tokens",
+            "12",
+            "--answer-tokens",
+            "8",
+            "--threads",
+            "1",
+        ];
+        args.extend(extra);
+        run_prism(&args)
+    };
+    let local = dir.path().join("local");
+    let (success, _, stderr) = bench(&local, &[]);
+    assert!(success, "{stderr}");
+    let (success, _, stderr) = bench(&dir.path().join("refused"), &["--concurrency", "2"]);
+    assert!(!success);
+    assert!(stderr.contains("--concurrency"), "{stderr}");
+
+    let (_server, base) = serve(&source, ServeOptions::default());
+    let remote = dir.path().join("remote");
+    let (success, stdout, stderr) = bench(
+        &remote,
+        &[
+            "--backend",
+            "openai",
+            "--base-url",
+            &base,
+            "--concurrency",
+            "3",
+        ],
+    );
+    assert!(success, "{stderr}");
+    let runs = memories(&remote);
+    assert_eq!(runs.len(), 4, "two documents × two methods");
+    assert!(runs
+        .iter()
+        .any(|(dir, _)| dir == "runs/second.txt/prism-in-place-unconstrained-12"));
+    assert_eq!(runs, memories(&local), "each run's memory is the local one");
+    assert!(
+        stdout.contains("## doc.txt") && stdout.contains("## second.txt"),
+        "{stdout}"
+    );
+}

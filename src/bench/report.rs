@@ -29,23 +29,41 @@ pub fn markdown(rows: &[Row]) -> String {
          Rep. 4-gram: the share of the summary's word 4-grams that occur in it more than once; \
          echo: the share of its sentences (of 4 words or more) copied from the method's own prompt.\n\n",
     );
+    if documents.len() < 2 {
+        tables(&mut out, rows, 2);
+        return out;
+    }
+    for document in &documents {
+        let _ = writeln!(out, "## {document}\n");
+        let of_document: Vec<Row> = rows
+            .iter()
+            .filter(|row| &row.document == document)
+            .cloned()
+            .collect();
+        tables(&mut out, &of_document, 3);
+    }
+    out
+}
+
+/// The tables of one document's rows, their headings at `level`.
+fn tables(out: &mut String, rows: &[Row], level: usize) {
+    let heading = "#".repeat(level);
     let sizes = chunk_sizes(rows);
     for &size in &sizes {
-        let _ = writeln!(out, "## Chunks of {size} tokens\n");
-        table_at_chunk_size(&mut out, rows, size);
+        let _ = writeln!(out, "{heading} Chunks of {size} tokens\n");
+        table_at_chunk_size(out, rows, size);
         out.push('\n');
     }
     // With one chunk size these tables would only repeat the one above.
     if sizes.len() < 2 {
-        return out;
+        return;
     }
-    let _ = writeln!(out, "## Across chunk sizes\n");
+    let _ = writeln!(out, "{heading} Across chunk sizes\n");
     for metric in Metric::ALL {
-        let _ = writeln!(out, "### {}\n", metric_title(metric));
-        table_across_chunk_sizes(&mut out, rows, metric);
+        let _ = writeln!(out, "{heading}# {}\n", metric_title(metric));
+        table_across_chunk_sizes(out, rows, metric);
         out.push('\n');
     }
-    out
 }
 
 fn header(out: &mut String, rows: &[Row]) {
@@ -345,14 +363,7 @@ fn cell(value: Option<f64>, decimals: usize) -> String {
 
 /// The distinct values of `key` over `rows`, in order of first appearance.
 fn distinct(rows: &[Row], key: impl Fn(&Row) -> String) -> Vec<String> {
-    let mut values: Vec<String> = Vec::new();
-    for row in rows {
-        let value = key(row);
-        if !values.contains(&value) {
-            values.push(value);
-        }
-    }
-    values
+    super::results::distinct(rows.iter().map(key))
 }
 
 fn or_none(values: &[String]) -> String {
@@ -415,6 +426,35 @@ mod tests {
         assert!(
             report.contains("- Read: the first 980 to 1000 tokens"),
             "{report}"
+        );
+    }
+
+    #[test]
+    fn several_documents_get_a_section_each_with_only_their_rows() {
+        let mut rows = rows();
+        let mut other = rows[0].clone();
+        other.document = "other.txt".into();
+        other.figures.net_tokens = 98_700;
+        rows.push(other);
+        let report = markdown(&rows);
+        assert!(report.starts_with("# prism bench: doc.txt; other.txt\n"));
+        let doc = report.find("## doc.txt\n").unwrap();
+        let other = report.find("## other.txt\n").unwrap();
+        assert!(doc < other);
+        assert!(report[doc..other].contains("### Chunks of 500 tokens"));
+        assert!(report[doc..other].contains("### Across chunk sizes"));
+        assert!(!report[doc..other].contains("| 98.7 |"), "{report}");
+        assert!(report[other..].contains("| 98.7 |"), "{report}");
+        assert!(!report[other..].contains("### Chunks of 500 tokens"));
+        let series = crate::bench::results::series(&rows, Metric::NetTokens);
+        let names: Vec<&str> = series.iter().map(|s| s.method.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "prism-amendments (doc.txt)",
+                "prism-in-place (doc.txt)",
+                "prism-amendments (other.txt)"
+            ]
         );
     }
 

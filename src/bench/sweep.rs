@@ -1,7 +1,11 @@
-//! A sweep: methods × chunk sizes over one document on one loaded engine, one
-//! run directory each. The bench directory's results.jsonl, results.csv,
+//! A sweep: documents × methods × chunk sizes on one loaded backend, one run
+//! directory each. The bench directory's results.jsonl, results.csv,
 //! report.md and charts are rewritten after every run, so a paused or
 //! interrupted sweep still has a report and resumes where it stopped.
+//!
+//! On a remote backend runs can proceed side by side (`concurrency`), each
+//! on its own client: a run's calls stay in order, so its prefix locality on
+//! the server is what it would be alone.
 
 use super::results::{self, Machine, Metric, Pending, Row, Scores};
 use super::{charts, report};
@@ -17,9 +21,11 @@ use crate::models;
 use crate::qa::{score_summary, QaPair};
 use crate::quality::coherence::{score_coherence, CoherenceConfig};
 use crate::run::dir::{Checkpoint, RunDir};
-use crate::run::{Outcome, Progress, Stats};
+use crate::run::{NoProgress, Outcome, Progress, Stats};
 use serde::de::IgnoredAny;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// One line per finished run.
@@ -47,12 +53,28 @@ pub struct Judging {
     pub questions: Option<Vec<QaPair>>,
 }
 
+/// A document of the sweep, read.
+#[derive(Debug, Clone)]
+pub struct SweepDocument {
+    pub path: PathBuf,
+    pub text: String,
+}
+
+impl SweepDocument {
+    /// The file name, as rows and run directories carry it.
+    pub fn name(&self) -> String {
+        self.path.file_name().map_or_else(
+            || self.path.display().to_string(),
+            |name| name.to_string_lossy().into_owned(),
+        )
+    }
+}
+
 /// Everything a sweep needs besides the loaded engine.
 #[derive(Debug, Clone)]
 pub struct Sweep {
-    /// The document's path, for the rows and messages.
-    pub document: PathBuf,
-    pub text: String,
+    /// One or more; with several, each has its own folder under `runs/`.
+    pub documents: Vec<SweepDocument>,
     pub methods: Vec<SweepMethod>,
     pub chunk_sizes: Vec<usize>,
     /// Read only the first chunks, up to this many tokens in all.
@@ -67,6 +89,8 @@ pub struct Sweep {
     pub judging: Option<Judging>,
     /// The command line that started this session, recorded in every row.
     pub command: String,
+    /// Runs in flight at once; above 1 only on a backend that has siblings.
+    pub concurrency: usize,
 }
 
 impl Sweep {
@@ -77,6 +101,11 @@ impl Sweep {
         let names: Vec<&str> = self.methods.iter().map(|m| m.name.as_str()).collect();
         distinct(&names, "--methods")?;
         distinct(&self.chunk_sizes, "--chunk-tokens")?;
+        let documents: Vec<String> = self.documents.iter().map(SweepDocument::name).collect();
+        distinct(&documents, "the documents' file names")?;
+        if self.concurrency == 0 {
+            return Err(Error::invalid("--concurrency", "must be at least 1"));
+        }
         let is_nonempty_dir =
             std::fs::read_dir(&self.out).is_ok_and(|mut entries| entries.next().is_some());
         if !self.resume && is_nonempty_dir {
@@ -110,15 +139,27 @@ struct Planned<'a> {
     method: &'a SweepMethod,
     /// The sweep's chunk size for this run (`detail` splits finer from it).
     chunk_tokens: usize,
-    /// Index into the split documents (one per chunk size in use).
+    /// Index into the sweep's documents.
+    source: usize,
+    /// Index into the split documents (one per document and chunk size in use).
     document: usize,
-    /// `runs/<method>-<chunk tokens>`, relative to the bench directory.
+    /// `runs/<method>-<chunk tokens>` (with several documents
+    /// `runs/<document>/<method>-<chunk tokens>`), relative to the bench directory.
     run_dir: String,
     /// The same under the bench directory.
     path: PathBuf,
 }
 
 impl Planned<'_> {
+    /// How messages name the run: `method @chunk tokens`, and its document's
+    /// folder when the sweep has several.
+    fn label(&self) -> String {
+        self.run_dir
+            .strip_prefix(&format!("{RUNS}/"))
+            .unwrap_or(&self.run_dir)
+            .to_string()
+    }
+
     fn job<'a>(
         &'a self,
         documents: &'a [Document],
@@ -150,16 +191,16 @@ pub fn run(
     let mut rows: Vec<Row> = bench.read_jsonl(RESULTS)?;
     write_reports(&bench, &rows)?;
     let (documents, plan) = plan(sweep, backend.format())?;
-    let job = |planned| Planned::job(planned, &documents, &sweep.sampling, sweep.resume);
     let identity = backend.identity();
     let pending = unfinished(&plan, &rows, out, |planned| {
-        Planned::job(planned, &documents, &sweep.sampling, sweep.resume).fingerprint(&identity)
+        planned
+            .job(&documents, &sweep.sampling, sweep.resume)
+            .fingerprint(&identity)
     })?;
     progress.note(&format!(
-        "{}: {} tokens; {}",
-        sweep.document.display(),
-        documents[0].tokens,
-        runs_to_do_note(&rows, &plan, &pending, &documents),
+        "{}; {}",
+        documents_note(sweep, &plan, &documents),
+        runs_to_do_note(&rows, &plan, &pending, &documents, sweep.concurrency),
     ));
 
     let mut judge: Option<Engine> = None;
@@ -167,46 +208,41 @@ pub fn run(
         judge_earlier_runs(&bench, &mut rows, &plan, judging, &mut judge, progress)?;
     }
 
-    let context = SweepContext::new(sweep, backend);
-    for (index, planned) in pending.iter().enumerate() {
-        if sweep.stop_after_runs.is_some_and(|limit| index >= limit) {
-            progress.note(&format!(
-                "{}: paused after {index} runs; continue with --resume",
-                out.display()
-            ));
-            return Ok(SweepOutcome {
-                rows,
-                paused_after: Some(index),
-            });
-        }
-        let position = plan.len() - pending.len() + index + 1;
-        progress.run_begins(&format!(
-            "{} @{} [run {position}/{}] ",
-            planned.method.name,
-            planned.chunk_tokens,
-            plan.len()
-        ));
-        let job = job(planned);
-        let mut row = context.run(backend, &job, planned, progress)?;
-        if let Some(judging) = &sweep.judging {
-            let judge = loaded_judge(&mut judge, judging)?;
-            progress.run_begins(&format!("judging {} ", planned.method.name));
-            row.scores = judge_summary(judge, job.out, judging.questions.as_deref())?;
-        }
-        bench.append_jsonl(RESULTS, &row)?;
-        rows.push(row);
-        write_reports(&bench, &rows)?;
-        let last = rows.last().expect("a row was just added");
+    let this_session = sweep
+        .stop_after_runs
+        .map_or(pending.len(), |limit| limit.min(pending.len()));
+    let session = Session {
+        sweep,
+        documents: &documents,
+        context: SweepContext::new(sweep, backend),
+    };
+    let mut finisher = Finisher {
+        bench: &bench,
+        rows: &mut rows,
+        judge: &mut judge,
+        session: &session,
+        pending: &pending,
+        plan_len: plan.len(),
+    };
+    match sweep.concurrency {
+        1 => session.run_in_turn(backend, &pending[..this_session], &mut finisher, progress)?,
+        workers => session.run_side_by_side(
+            backend,
+            workers,
+            &pending[..this_session],
+            &mut finisher,
+            progress,
+        )?,
+    }
+    if this_session < pending.len() {
         progress.note(&format!(
-            "{}: cache hit {:.1}%, net {} tokens, output {}, cost index {:.4}, {:.0}s{}",
-            job.out.display(),
-            100.0 * last.figures.cache_hit_rate,
-            last.figures.net_tokens,
-            last.figures.output_tokens,
-            last.figures.cost_index,
-            last.run.wall_seconds,
-            estimate_note(&rows, &pending[index + 1..], &documents),
+            "{}: paused after {this_session} runs; continue with --resume",
+            out.display()
         ));
+        return Ok(SweepOutcome {
+            rows,
+            paused_after: Some(this_session),
+        });
     }
     progress.note(&format!(
         "{}: sweep finished; report in {REPORT}",
@@ -216,6 +252,161 @@ pub fn run(
         rows,
         paused_after: None,
     })
+}
+
+/// What the runs of one sweep session share.
+struct Session<'a> {
+    sweep: &'a Sweep,
+    documents: &'a [Document],
+    context: SweepContext,
+}
+
+impl Session<'_> {
+    fn job<'a>(&'a self, planned: &'a Planned) -> Job<'a> {
+        planned.job(self.documents, &self.sweep.sampling, self.sweep.resume)
+    }
+
+    /// The runs one after another on `backend`, with their progress shown.
+    fn run_in_turn(
+        &self,
+        backend: &mut Backend,
+        runs: &[&Planned],
+        finisher: &mut Finisher,
+        progress: &mut dyn SweepProgress,
+    ) -> Result<()> {
+        for planned in runs {
+            progress.run_begins(&format!("{} [{}] ", planned.label(), finisher.position()));
+            let row = self
+                .context
+                .run(backend, &self.job(planned), planned, progress)?;
+            finisher.finish(planned, row, progress)?;
+        }
+        Ok(())
+    }
+
+    /// The runs `workers` at a time, each worker on its own sibling of
+    /// `backend`; rows are judged and written here as runs finish. The first
+    /// failure stops new runs from starting, lets those in flight finish, and
+    /// is returned.
+    fn run_side_by_side(
+        &self,
+        backend: &Backend,
+        workers: usize,
+        runs: &[&Planned],
+        finisher: &mut Finisher,
+        progress: &mut dyn SweepProgress,
+    ) -> Result<()> {
+        let mut siblings = Vec::new();
+        for _ in 0..workers.min(runs.len()) {
+            siblings.push(backend.sibling().ok_or_else(|| {
+                Error::invalid(
+                    "--concurrency",
+                    "runs side by side only on a remote backend (--backend openai); \
+                     the local engine runs one sequence at a time",
+                )
+            })?);
+        }
+        enum Event {
+            Begins(usize),
+            Finished(usize, Result<Box<Row>>),
+        }
+        let next = AtomicUsize::new(0);
+        let failed = AtomicBool::new(false);
+        let (events, received) = mpsc::channel();
+        std::thread::scope(|scope| {
+            for mut sibling in siblings {
+                let (events, next, failed) = (events.clone(), &next, &failed);
+                scope.spawn(move || {
+                    while !failed.load(Ordering::Relaxed) {
+                        let index = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(planned) = runs.get(index) else {
+                            break;
+                        };
+                        let _ = events.send(Event::Begins(index));
+                        let job = self.job(planned);
+                        let row = self
+                            .context
+                            .run(&mut sibling, &job, planned, &mut NoProgress)
+                            .map(Box::new);
+                        failed.fetch_or(row.is_err(), Ordering::Relaxed);
+                        let _ = events.send(Event::Finished(index, row));
+                    }
+                });
+            }
+            drop(events);
+            let mut first_error = None;
+            for event in received {
+                match event {
+                    Event::Begins(index) => {
+                        progress.note(&format!("{} begins", runs[index].label()))
+                    }
+                    Event::Finished(index, row) => {
+                        let finished =
+                            row.and_then(|row| finisher.finish(runs[index], *row, progress));
+                        if let Err(err) = finished {
+                            failed.store(true, Ordering::Relaxed);
+                            first_error.get_or_insert(err);
+                        }
+                    }
+                }
+            }
+            first_error.map_or(Ok(()), Err)
+        })
+    }
+}
+
+/// Judges, records and reports each finished run.
+struct Finisher<'a> {
+    bench: &'a RunDir,
+    rows: &'a mut Vec<Row>,
+    judge: &'a mut Option<Engine>,
+    session: &'a Session<'a>,
+    pending: &'a [&'a Planned<'a>],
+    plan_len: usize,
+}
+
+impl Finisher<'_> {
+    /// Where the next run stands in the plan, as `run 3/8`.
+    fn position(&self) -> String {
+        let finished_before = self.plan_len - self.pending.len();
+        let done_now = self.rows.len().saturating_sub(finished_before);
+        format!("run {}/{}", finished_before + done_now + 1, self.plan_len)
+    }
+
+    fn finish(
+        &mut self,
+        planned: &Planned,
+        mut row: Row,
+        progress: &mut dyn SweepProgress,
+    ) -> Result<()> {
+        let sweep = self.session.sweep;
+        if let Some(judging) = &sweep.judging {
+            let judge = loaded_judge(self.judge, judging)?;
+            progress.run_begins(&format!("judging {} ", planned.label()));
+            row.scores = judge_summary(judge, &planned.path, judging.questions.as_deref())?;
+        }
+        self.bench.append_jsonl(RESULTS, &row)?;
+        self.rows.push(row);
+        write_reports(self.bench, self.rows)?;
+        let last = self.rows.last().expect("a row was just added");
+        let left: Vec<&Planned> = self
+            .pending
+            .iter()
+            .filter(|planned| finished(self.rows, planned, &sweep.out).is_none())
+            .copied()
+            .collect();
+        progress.note(&format!(
+            "{}: cache hit {:.1}%, net {} tokens, output {}, cost index {:.4}, {:.0}s{}",
+            planned.path.display(),
+            100.0 * last.figures.cache_hit_rate,
+            last.figures.net_tokens,
+            last.figures.output_tokens,
+            last.figures.cost_index,
+            last.run.wall_seconds,
+            estimate_note(self.rows, &left, self.session.documents, sweep.concurrency),
+        ));
+        Ok(())
+    }
 }
 
 /// The planned runs without a finished row. A finished run is kept only if
@@ -268,40 +459,68 @@ fn judge_earlier_runs(
     Ok(())
 }
 
-/// The sweep's runs, chunk size by chunk size so a paused sweep has whole
-/// tables, and the document split once per chunk size they use (`detail`
-/// picks its own from `--detail`).
+/// The sweep's runs, document by document and within one chunk size by
+/// chunk size, so a paused sweep has whole tables; each document is split
+/// once per chunk size its runs use (`detail` picks its own from `--detail`).
 fn plan<'a>(sweep: &'a Sweep, format: &PromptFormat) -> Result<(Vec<Document>, Vec<Planned<'a>>)> {
-    let document_tokens = Document::count(format, &sweep.document, &sweep.text)?;
     let mut documents: Vec<Document> = Vec::new();
     let mut plan = Vec::new();
-    for &chunk_tokens in &sweep.chunk_sizes {
-        for method in &sweep.methods {
-            let size = method.spec.chunk_tokens(chunk_tokens, document_tokens)?;
-            let document = match documents.iter().position(|d| d.chunk_tokens == size) {
-                Some(index) => index,
-                None => {
-                    documents.push(Document::split(
-                        format,
-                        &sweep.text,
-                        document_tokens,
-                        size,
-                        sweep.first_tokens,
-                    )?);
-                    documents.len() - 1
-                }
-            };
-            let name = format!("{}-{chunk_tokens}", method.name);
-            plan.push(Planned {
-                method,
-                chunk_tokens,
-                document,
-                run_dir: format!("{RUNS}/{name}"),
-                path: sweep.out.join(RUNS).join(name),
-            });
+    for (source, input) in sweep.documents.iter().enumerate() {
+        let document_tokens = Document::count(format, &input.path, &input.text)?;
+        let first_split = documents.len();
+        for &chunk_tokens in &sweep.chunk_sizes {
+            for method in &sweep.methods {
+                let size = method.spec.chunk_tokens(chunk_tokens, document_tokens)?;
+                let split = documents[first_split..]
+                    .iter()
+                    .position(|d| d.chunk_tokens == size);
+                let document = match split {
+                    Some(index) => first_split + index,
+                    None => {
+                        documents.push(Document::split(
+                            format,
+                            &input.text,
+                            document_tokens,
+                            size,
+                            sweep.first_tokens,
+                        )?);
+                        documents.len() - 1
+                    }
+                };
+                let name = format!("{}-{chunk_tokens}", method.name);
+                let run_dir = match sweep.documents.len() {
+                    1 => format!("{RUNS}/{name}"),
+                    _ => format!("{RUNS}/{}/{name}", input.name()),
+                };
+                plan.push(Planned {
+                    method,
+                    chunk_tokens,
+                    source,
+                    document,
+                    path: sweep.out.join(&run_dir),
+                    run_dir,
+                });
+            }
         }
     }
     Ok((documents, plan))
+}
+
+/// The documents and their sizes, for the first progress line.
+fn documents_note(sweep: &Sweep, plan: &[Planned], documents: &[Document]) -> String {
+    let sizes: Vec<String> = sweep
+        .documents
+        .iter()
+        .enumerate()
+        .map(|(source, input)| {
+            let tokens = plan
+                .iter()
+                .find(|planned| planned.source == source)
+                .map_or(0, |planned| documents[planned.document].tokens);
+            format!("{}: {tokens} tokens", input.path.display())
+        })
+        .collect();
+    sizes.join("; ")
 }
 
 /// `prism bench report DIR`: rebuild results.csv, report.md and the charts
@@ -343,7 +562,6 @@ fn finished(rows: &[Row], planned: &Planned, out: &Path) -> Option<usize> {
         .then_some(index)
 }
 
-/// A rough estimate of the `pending` runs' time, as a suffix for a progress line.
 /// How many runs are left and how many were finished before, with a
 /// rough time estimate for the rest.
 fn runs_to_do_note(
@@ -351,20 +569,31 @@ fn runs_to_do_note(
     plan: &[Planned],
     pending: &[&Planned],
     documents: &[Document],
+    concurrency: usize,
 ) -> String {
     format!(
         "{} run{} to do ({} already finished){}",
         pending.len(),
         if pending.len() == 1 { "" } else { "s" },
         plan.len() - pending.len(),
-        estimate_note(rows, pending, documents),
+        estimate_note(rows, pending, documents, concurrency),
     )
 }
 
-fn estimate_note(rows: &[Row], pending: &[&Planned], documents: &[Document]) -> String {
+/// A rough estimate of the `pending` runs' time, as a suffix for a progress
+/// line. With `concurrency` runs in flight, the rest takes about the sum of their
+/// times divided by it, as each run's own time already includes the wait for
+/// a shared server.
+fn estimate_note(
+    rows: &[Row],
+    pending: &[&Planned],
+    documents: &[Document],
+    concurrency: usize,
+) -> String {
     if pending.is_empty() {
         return String::new();
     }
+    let in_flight = concurrency.clamp(1, pending.len()) as f64;
     let pending: Vec<Pending> = pending
         .iter()
         .map(|planned| {
@@ -379,16 +608,17 @@ fn estimate_note(rows: &[Row], pending: &[&Planned], documents: &[Document]) -> 
         })
         .collect();
     let forecast = results::estimate(rows, &pending);
+    let seconds = forecast.seconds / in_flight;
     let unpaced = forecast.unpaced_methods.join(", ");
     match (forecast.unpaced_methods.is_empty(), forecast.seconds > 0.0) {
         (true, _) => format!(
             "; the rest may take roughly {} (paced by the finished runs)",
-            duration(forecast.seconds)
+            duration(seconds)
         ),
         (false, true) => format!(
             "; the rest may take roughly {} plus the runs of {unpaced}, \
              which get an estimate after their first finished run",
-            duration(forecast.seconds)
+            duration(seconds)
         ),
         (false, false) => {
             "; a rough time estimate follows each method's first finished run".to_string()
@@ -418,7 +648,8 @@ fn duration(seconds: f64) -> String {
 /// What every row of this session shares.
 struct SweepContext {
     model: String,
-    document: String,
+    /// The documents' file names, by `Planned::source`.
+    document_names: Vec<String>,
     device: String,
     machine: Machine,
     git_revision: String,
@@ -430,13 +661,9 @@ impl SweepContext {
     fn new(sweep: &Sweep, backend: &Backend) -> Self {
         let (git_revision, git_dirty) = git_state();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let document = &sweep.document;
         SweepContext {
             model: backend.name().to_string(),
-            document: document.file_name().map_or_else(
-                || document.display().to_string(),
-                |name| name.to_string_lossy().into_owned(),
-            ),
+            document_names: sweep.documents.iter().map(SweepDocument::name).collect(),
             device: backend.device(),
             machine: Machine::from_proc(
                 std::fs::read_to_string("/proc/cpuinfo").ok().as_deref(),
@@ -484,7 +711,7 @@ impl SweepContext {
             method: planned.method.name.clone(),
             chunk_tokens: planned.chunk_tokens,
             model: self.model.clone(),
-            document: self.document.clone(),
+            document: self.document_names[planned.source].clone(),
             document_sha256: document.sha256.clone(),
             document_tokens: document.tokens,
             read_tokens: document.chunks.iter().map(|chunk| chunk.tokens).sum(),

@@ -123,6 +123,17 @@ impl Backend {
         }
     }
 
+    /// A second backend on the same model for work that runs beside this
+    /// one's: another client of a remote server. None for the local engine,
+    /// which runs one sequence at a time and would need a second copy of the
+    /// weights.
+    pub fn sibling(&self) -> Option<Backend> {
+        match self {
+            Backend::Local(_) => None,
+            Backend::Remote(model) => Some(Backend::Remote(Box::new(model.sibling()))),
+        }
+    }
+
     /// The backend as an [`Llm`] with these generation settings.
     pub fn llm(&mut self, options: GenerateOptions) -> Box<dyn Llm + '_> {
         match self {

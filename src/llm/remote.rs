@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::metrics::Figures;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How prompts are sent.
@@ -75,7 +76,8 @@ pub struct RemoteIdentity {
 
 /// A model served elsewhere, with its prompt format here.
 pub struct RemoteModel {
-    format: PromptFormat,
+    /// Shared with the model's siblings, which only read it.
+    format: Arc<PromptFormat>,
     options: RemoteOptions,
     agent: ureq::Agent,
     /// The last sequence sent and generated, for estimating reuse when the server does not say.
@@ -87,9 +89,21 @@ impl RemoteModel {
     pub fn new(format: PromptFormat, options: RemoteOptions) -> Self {
         let agent = ureq::AgentBuilder::new().timeout(options.timeout).build();
         RemoteModel {
-            format,
+            format: Arc::new(format),
             options,
             agent,
+            last_sequence: Vec::new(),
+            cache_figures: CacheFigures::Measured,
+        }
+    }
+
+    /// Another client of the same server, with its own bookkeeping, for
+    /// calls that run side by side with this one's.
+    pub fn sibling(&self) -> Self {
+        RemoteModel {
+            format: Arc::clone(&self.format),
+            options: self.options.clone(),
+            agent: self.agent.clone(),
             last_sequence: Vec::new(),
             cache_figures: CacheFigures::Measured,
         }

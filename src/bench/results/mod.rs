@@ -143,13 +143,18 @@ pub struct Series {
 
 /// The methods in the order they first appear in `rows`.
 pub fn methods(rows: &[Row]) -> Vec<&str> {
-    let mut methods: Vec<&str> = Vec::new();
-    for row in rows {
-        if !methods.contains(&row.method.as_str()) {
-            methods.push(&row.method);
+    distinct(rows.iter().map(|row| row.method.as_str()))
+}
+
+/// `values` without repeats, in the order they first appear.
+pub fn distinct<T: PartialEq>(values: impl IntoIterator<Item = T>) -> Vec<T> {
+    let mut seen: Vec<T> = Vec::new();
+    for value in values {
+        if !seen.contains(&value) {
+            seen.push(value);
         }
     }
-    methods
+    seen
 }
 
 /// The chunk sizes in `rows`, ascending.
@@ -168,20 +173,35 @@ pub fn find<'a>(rows: &'a [Row], method: &str, chunk_tokens: usize) -> Option<&'
         .find(|row| row.method == method && row.chunk_tokens == chunk_tokens)
 }
 
-/// One series per method of `metric` against chunk size; chunk sizes where a
-/// method has no value are left out of its series.
+/// One series per method of `metric` against chunk size, and per document
+/// when the rows have several (named `method (document)`); chunk sizes where
+/// a method has no value are left out of its series.
 pub fn series(rows: &[Row], metric: Metric) -> Vec<Series> {
-    let sizes = chunk_sizes(rows);
-    methods(rows)
-        .into_iter()
-        .map(|method| Series {
-            method: method.to_string(),
-            points: sizes
-                .iter()
-                .filter_map(|&size| Some((size, find(rows, method, size)?.metric(metric))))
-                .collect(),
-        })
-        .collect()
+    let documents = distinct(rows.iter().map(|row| row.document.as_str()));
+    let mut all = Vec::new();
+    for document in &documents {
+        let of_document: Vec<Row> = rows
+            .iter()
+            .filter(|row| row.document == *document)
+            .cloned()
+            .collect();
+        let sizes = chunk_sizes(&of_document);
+        for method in methods(&of_document) {
+            all.push(Series {
+                method: match documents.len() {
+                    1 => method.to_string(),
+                    _ => format!("{method} ({document})"),
+                },
+                points: sizes
+                    .iter()
+                    .filter_map(|&size| {
+                        Some((size, find(&of_document, method, size)?.metric(metric)))
+                    })
+                    .collect(),
+            });
+        }
+    }
+    all
 }
 
 /// `rows` as CSV: every field a column, nested objects flattened to

@@ -3,12 +3,13 @@
 
 use super::method_args::{MemoryArg, MethodArgs, MethodName, OnOff};
 use super::progress::Bar;
+use super::shared_args::BackendKind;
 use super::{BackendArgs, DocumentLimit, SamplingArgs};
 use anyhow::Result;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Subcommand, ValueEnum};
 use prism::bench::report;
-use prism::bench::sweep::{Judging, Sweep, SweepMethod};
+use prism::bench::sweep::{Judging, Sweep, SweepDocument, SweepMethod};
 use prism::engine::sampling::SamplingConfig;
 use prism::methods::prism::{MemoryMode, Variant};
 use std::path::{Path, PathBuf};
@@ -35,9 +36,10 @@ enum BenchCommand {
 /// `prism bench report` goes without them; clap requires them otherwise.
 #[derive(Debug, Args)]
 struct SweepArgs {
-    /// The document: a UTF-8 text file.
+    /// The documents: UTF-8 text files, or directories of them (each file in it, by name).
+    /// With several, each document's runs go under runs/<file name>/.
     #[arg(required = true)]
-    document: Option<PathBuf>,
+    documents: Vec<PathBuf>,
     /// Methods, comma-separated: prism-amendments or prism-in-place, each optionally followed by
     /// -no-updates and/or -unconstrained (in that order), or any other `summarize --method`.
     /// A prism name sets --memory, --no-updates and --constrained for its runs.
@@ -70,6 +72,10 @@ struct SweepArgs {
     /// Question-answer pairs (as `prism qa generate` writes them) for the QA-F1 of --quality.
     #[arg(long, requires = "quality")]
     questions: Option<PathBuf>,
+    /// Runs in flight at once, each a client of its own (only with --backend openai): a run's
+    /// calls stay in order, so its prefix reuse on the server is what it would be alone.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    concurrency: u16,
     #[command(flatten)]
     method_args: MethodArgs,
     #[command(flatten)]
@@ -163,9 +169,6 @@ const SET_BY_PRISM_NAMES: [(&str, &str); 3] = [
 ];
 
 fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
-    let document = args
-        .document
-        .expect("clap requires DOCUMENT without a subcommand");
     let out = args.out.expect("clap requires --out without a subcommand");
     let methods = args
         .methods
@@ -202,9 +205,22 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
                 .transpose()?,
         }),
     };
+    anyhow::ensure!(
+        args.concurrency == 1 || args.backend.backend != BackendKind::Local,
+        "--concurrency runs side by side only on a remote backend (--backend openai); \
+         the local engine runs one sequence at a time"
+    );
+    let documents = prism::document::expand_directories(&args.documents)?
+        .into_iter()
+        .map(|path| {
+            Ok(SweepDocument {
+                text: args.document_limit.read(&path)?,
+                path,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
     let sweep = Sweep {
-        text: args.document_limit.read(&document)?,
-        document,
+        documents,
         methods,
         chunk_sizes: args.chunk_tokens,
         first_tokens: args.first_tokens,
@@ -214,6 +230,7 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
         stop_after_runs: args.stop_after_runs,
         judging,
         command: command_line(),
+        concurrency: usize::from(args.concurrency),
     };
     sweep.validate()?;
     let mut backend = args.backend.load()?;
