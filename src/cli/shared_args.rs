@@ -204,7 +204,7 @@ impl BackendArgs {
             ),
             None => None,
         };
-        let source = prism::models::resolve(&self.engine.model)?;
+        let source = prism::models::resolve_prompt_format(&self.engine.model)?;
         let format = PromptFormat::load(&source)
             .with_context(|| format!("reading the tokenizer of {}", self.engine.model))?;
         let options = RemoteOptions {

@@ -11,7 +11,7 @@ use hf_hub::api::sync::{Api, ApiBuilder};
 use hf_hub::api::RepoInfo;
 use hf_hub::{Cache, Repo};
 
-use super::{check_gguf_file, check_model_dir, safetensors_shards};
+use super::{check_gguf_file, check_model_dir, safetensors_shards, Need};
 use crate::engine::source::ModelSource;
 use crate::{Error, Result};
 
@@ -65,8 +65,8 @@ impl Hub {
         }
     }
 
-    pub(super) fn resolve(&self, repo_id: &str) -> Result<ModelSource> {
-        if let Some(dir) = self.cached_dir(repo_id) {
+    pub(super) fn resolve(&self, repo_id: &str, need: Need) -> Result<ModelSource> {
+        if let Some(dir) = self.cached_dir(repo_id, need) {
             return Ok(ModelSource::HfDir {
                 dir,
                 name: repo_id.to_string(),
@@ -81,7 +81,7 @@ impl Hub {
                 ),
             ));
         }
-        self.download(repo_id)
+        self.download(repo_id, need)
     }
 
     /// The GGUF file of `repo_id` tagged `quant`: from the cached snapshot
@@ -130,11 +130,11 @@ impl Hub {
         snapshot.is_dir().then_some(snapshot)
     }
 
-    /// The cached snapshot directory of `repo_id`, if it holds a complete model.
-    fn cached_dir(&self, repo_id: &str) -> Option<PathBuf> {
+    /// The cached snapshot directory of `repo_id`, if it holds what is needed.
+    fn cached_dir(&self, repo_id: &str, need: Need) -> Option<PathBuf> {
         let config = self.cache.model(repo_id.to_string()).get("config.json")?;
         let dir = config.parent()?.to_path_buf();
-        check_model_dir(&dir).ok().map(|()| dir)
+        check_model_dir(&dir, need).ok().map(|()| dir)
     }
 
     /// A hub client on our cache, endpoint and token.
@@ -151,7 +151,7 @@ impl Hub {
             .map_err(|err| self.error(repo_id, err.to_string()))
     }
 
-    fn download(&self, repo_id: &str) -> Result<ModelSource> {
+    fn download(&self, repo_id: &str, need: Need) -> Result<ModelSource> {
         let api = self.api(repo_id)?;
         let info = self.repo_info(&api, repo_id)?;
         let listed = |file: &str| info.siblings.iter().any(|s| s.rfilename == file);
@@ -189,16 +189,20 @@ impl Hub {
                 .map_err(|err| self.error(repo_id, format!("downloading {file}: {err}")))
         };
         let index = "model.safetensors.index.json";
-        if listed(index) {
-            files.extend(safetensors_shards(&get(index)?)?);
-        } else if listed("model.safetensors") {
-            files.push("model.safetensors".to_string());
-        } else {
-            return Err(Error::BadModelFile {
-                path: PathBuf::from(repo_id),
-                reason: "the repo has neither model.safetensors nor model.safetensors.index.json"
-                    .into(),
-            });
+        // Without Need::Weights the weights stay on the server that runs them.
+        if need == Need::Weights {
+            if listed(index) {
+                files.extend(safetensors_shards(&get(index)?)?);
+            } else if listed("model.safetensors") {
+                files.push("model.safetensors".to_string());
+            } else {
+                return Err(Error::BadModelFile {
+                    path: PathBuf::from(repo_id),
+                    reason:
+                        "the repo has neither model.safetensors nor model.safetensors.index.json"
+                            .into(),
+                });
+            }
         }
         let mut dir = None;
         for file in &files {
@@ -211,7 +215,7 @@ impl Hub {
             self.error(repo_id, "hf-hub returned a file path without a directory")
         })?;
         // All files must have landed in one snapshot directory (one revision).
-        check_model_dir(&dir)?;
+        check_model_dir(&dir, need)?;
         Ok(ModelSource::HfDir {
             dir,
             name: repo_id.to_string(),

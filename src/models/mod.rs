@@ -53,12 +53,28 @@ pub const SMALLEST_MODEL: &str = "smollm2-135m-instruct";
 ///
 /// Anything else, including a path that does not exist, is [`Error::UnknownModel`].
 pub fn resolve(spec: &str) -> Result<ModelSource> {
-    resolve_with(spec, &models_dir(), &Hub::from_env())
+    resolve_with(spec, &models_dir(), &Hub::from_env(), Need::Weights)
+}
+
+/// As [`resolve`], for a model whose weights live on a remote server: a
+/// directory or hub repo needs only its config and tokenizer files, so
+/// naming a 70B model does not download 140 GB. A GGUF file holds its
+/// tokenizer inside, so it is needed whole.
+pub fn resolve_prompt_format(spec: &str) -> Result<ModelSource> {
+    resolve_with(spec, &models_dir(), &Hub::from_env(), Need::PromptFormat)
+}
+
+/// What of a model the caller will read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Need {
+    Weights,
+    /// config.json and the tokenizer files only.
+    PromptFormat,
 }
 
 /// [`resolve`] with the models directory and hub settings given instead of read
 /// from the environment.
-fn resolve_with(spec: &str, models_dir: &Path, hub: &Hub) -> Result<ModelSource> {
+fn resolve_with(spec: &str, models_dir: &Path, hub: &Hub, need: Need) -> Result<ModelSource> {
     let unknown = || Error::UnknownModel {
         name: spec.to_string(),
     };
@@ -89,7 +105,7 @@ fn resolve_with(spec: &str, models_dir: &Path, hub: &Hub) -> Result<ModelSource>
         });
     }
     if path.is_dir() {
-        check_model_dir(path)?;
+        check_model_dir(path, need)?;
         let name = fs::canonicalize(path)
             .ok()
             .and_then(|full| full.file_name().map(|n| n.to_string_lossy().into_owned()))
@@ -106,7 +122,7 @@ fn resolve_with(spec: &str, models_dir: &Path, hub: &Hub) -> Result<ModelSource>
         });
     }
     if is_repo_id(spec) {
-        return hub.resolve(spec);
+        return hub.resolve(spec, need);
     }
     if let Some((repo_id, quant)) = spec.rsplit_once(':') {
         if is_repo_id(repo_id) && is_quant_tag(quant) {
@@ -169,8 +185,9 @@ fn check_gguf_file(path: &Path) -> Result<()> {
 }
 
 /// Check that `dir` holds what the safetensors loader needs: config.json,
-/// tokenizer.json, and model.safetensors or every shard the index names.
-fn check_model_dir(dir: &Path) -> Result<()> {
+/// tokenizer.json, and (for [`Need::Weights`]) model.safetensors or every
+/// shard the index names.
+fn check_model_dir(dir: &Path, need: Need) -> Result<()> {
     let missing = |what: &str| Error::BadModelFile {
         path: dir.to_path_buf(),
         reason: format!(
@@ -181,6 +198,9 @@ fn check_model_dir(dir: &Path) -> Result<()> {
         if !dir.join(required).is_file() {
             return Err(missing(required));
         }
+    }
+    if need == Need::PromptFormat {
+        return Ok(());
     }
     let index = dir.join("model.safetensors.index.json");
     if index.is_file() {
@@ -278,7 +298,7 @@ mod tests {
     fn unfetched_manifest_names_the_fetch_command() {
         let empty = tempfile::tempdir().unwrap();
         let hub = offline_hub(empty.path());
-        let err = resolve_with("smollm2", empty.path(), &hub).unwrap_err();
+        let err = resolve_with("smollm2", empty.path(), &hub, Need::Weights).unwrap_err();
         assert!(matches!(err, Error::NotFetched { .. }), "{err:?}");
         let message = err.to_string();
         assert!(
@@ -291,14 +311,15 @@ mod tests {
             b"GGUF",
         )
         .unwrap();
-        let source = resolve_with("SmolLM2", empty.path(), &hub).unwrap();
+        let source = resolve_with("SmolLM2", empty.path(), &hub, Need::Weights).unwrap();
         assert_eq!(source.name(), SMALLEST_MODEL);
     }
     #[test]
     fn offline_hub_uses_a_complete_cached_snapshot_only() {
         let cache = tempfile::tempdir().unwrap();
         let hub = offline_hub(cache.path());
-        let err = resolve_with("someone/tiny-model", cache.path(), &hub).unwrap_err();
+        let err =
+            resolve_with("someone/tiny-model", cache.path(), &hub, Need::Weights).unwrap_err();
         assert!(matches!(err, Error::Hub { .. }), "{err:?}");
         assert!(err.to_string().contains("HF_HUB_OFFLINE"), "{err}");
 
@@ -310,10 +331,13 @@ mod tests {
         fs::create_dir_all(&snapshot).unwrap();
         fs::write(snapshot.join("config.json"), "{}").unwrap();
         fs::write(snapshot.join("tokenizer.json"), "{}").unwrap();
-        assert!(resolve_with("someone/tiny-model", cache.path(), &hub).is_err());
+        assert!(resolve_with("someone/tiny-model", cache.path(), &hub, Need::Weights).is_err());
+        let prompt_format =
+            resolve_with("someone/tiny-model", cache.path(), &hub, Need::PromptFormat);
+        assert_eq!(prompt_format.unwrap().name(), "someone/tiny-model");
 
         fs::write(snapshot.join("model.safetensors"), b"").unwrap();
-        let source = resolve_with("someone/tiny-model", cache.path(), &hub).unwrap();
+        let source = resolve_with("someone/tiny-model", cache.path(), &hub, Need::Weights).unwrap();
         assert_eq!(
             source,
             ModelSource::HfDir {
@@ -340,7 +364,13 @@ mod tests {
     fn a_quantization_tag_picks_that_gguf_of_a_cached_repo() {
         let cache = tempfile::tempdir().unwrap();
         let hub = offline_hub(cache.path());
-        let err = resolve_with("someone/tiny-GGUF:Q4_K_M", cache.path(), &hub).unwrap_err();
+        let err = resolve_with(
+            "someone/tiny-GGUF:Q4_K_M",
+            cache.path(),
+            &hub,
+            Need::Weights,
+        )
+        .unwrap_err();
         assert!(matches!(err, Error::Hub { .. }), "{err:?}");
         assert!(err.to_string().contains("HF_HUB_OFFLINE"), "{err}");
 
@@ -358,7 +388,7 @@ mod tests {
             ("someone/tiny-GGUF:Q4_K_M", "tiny-Q4_K_M.gguf"),
             ("someone/tiny-GGUF:q8_0", "tiny.Q8_0.gguf"),
         ] {
-            let source = resolve_with(spec, cache.path(), &hub).unwrap();
+            let source = resolve_with(spec, cache.path(), &hub, Need::Weights).unwrap();
             assert_eq!(
                 source,
                 ModelSource::Gguf {
@@ -367,7 +397,13 @@ mod tests {
                 }
             );
         }
-        let err = resolve_with("someone/tiny-GGUF:Q5_K_M", cache.path(), &hub).unwrap_err();
+        let err = resolve_with(
+            "someone/tiny-GGUF:Q5_K_M",
+            cache.path(),
+            &hub,
+            Need::Weights,
+        )
+        .unwrap_err();
         assert!(
             err.to_string().contains("no GGUF file tagged Q5_K_M"),
             "{err}"
@@ -403,7 +439,8 @@ mod tests {
             ..offline_hub(cache.path())
         };
         let started = std::time::Instant::now();
-        let err = resolve_with("someone/tiny-model", cache.path(), &hub).unwrap_err();
+        let err =
+            resolve_with("someone/tiny-model", cache.path(), &hub, Need::Weights).unwrap_err();
         assert!(matches!(err, Error::Hub { .. }), "{err:?}");
         assert!(started.elapsed() < Duration::from_secs(10), "{err}");
     }
