@@ -148,12 +148,14 @@ fn summarize_over_http_builds_the_same_memory_with_the_same_prompt_figures() {
     let (local, remote) = (steps(&local), steps(&remote));
     assert_eq!(local.len(), remote.len());
     for (local, remote) in local.iter().zip(&remote) {
-        for field in ["prompt_tokens", "reused_tokens", "net_tokens"] {
+        for field in [
+            "prompt_tokens",
+            "reused_tokens",
+            "net_tokens",
+            "output_tokens",
+        ] {
             assert_eq!(local[field], remote[field], "{field} of step {local}");
         }
-        // Locally a refused line stops generation; a server finishes the
-        // reply and prism cuts it, so it can only have generated more.
-        assert!(remote["output_tokens"].as_u64() >= local["output_tokens"].as_u64());
     }
 }
 
@@ -347,6 +349,49 @@ fn a_json_schema_request_returns_json_that_validates() {
         "{value}"
     );
     assert_eq!(reply["choices"][0]["finish_reason"], "stop");
+}
+
+#[test]
+fn a_refused_line_closes_the_stream_where_the_local_engine_stops() {
+    let source = ModelSource::Gguf {
+        path: fetched_model("SmolLM2-135M-Instruct.Q4_1.gguf"),
+        name: "smollm2-135m-instruct".into(),
+    };
+    let (_server, base) = serve(&source, ServeOptions::default());
+    let format = prism::engine::prompt_format::PromptFormat::load(&source).unwrap();
+    let options = RemoteOptions {
+        base_url: base,
+        api_key: None,
+        remote_model: None,
+        api: RemoteApi::Ids,
+        timeout: Duration::from_secs(120),
+        retries: 0,
+    };
+    let mut remote = Backend::Remote(Box::new(RemoteModel::new(format, options)));
+    let mut local = Backend::Local(Box::new(load(&source)));
+    let prompt = Prompt {
+        system: None,
+        segments: vec!["List five colors, one per line.".into()],
+    };
+    let third_line = |kept: &str, _line: &str| kept.lines().count() >= 2;
+    let options = GenerateOptions::default();
+    let whole = local
+        .llm(options.clone())
+        .complete(&prompt, 80, None)
+        .unwrap();
+    let local = local
+        .llm(options.clone())
+        .complete_checking_lines(&prompt, 80, None, &third_line)
+        .unwrap();
+    assert_eq!(local.text.lines().count(), 2, "{}", whole.text);
+    assert!(local.usage.output_tokens < whole.usage.output_tokens);
+    let remote = remote
+        .llm(options)
+        .complete_checking_lines(&prompt, 80, None, &third_line)
+        .unwrap();
+    assert_eq!(local.text, remote.text);
+    assert_eq!(local.usage.prompt_tokens, remote.usage.prompt_tokens);
+    assert_eq!(local.usage.output_tokens, remote.usage.output_tokens);
 }
 
 /// The memory each run of a bench directory wrote, by run directory.

@@ -27,17 +27,18 @@ impl Engine {
         options: &GenerateOptions,
         refuse_line: Option<&LineCheck>,
     ) -> Result<Generation> {
-        self.decode(prompt, options, refuse_line, &mut |_| true)
+        self.decode(prompt, options, refuse_line, &mut |_, _| true)
     }
 
     /// [`generate`](Self::generate), showing `on_tokens` the tokens kept so
-    /// far after each step (a server streams them); generation stops with
-    /// [`StopReason::Cancelled`] as soon as it returns false.
+    /// far and the usage so far after each step (a server streams them);
+    /// generation stops with [`StopReason::Cancelled`] as soon as it returns
+    /// false.
     pub fn generate_streaming(
         &mut self,
         prompt: &[u32],
         options: &GenerateOptions,
-        on_tokens: &mut dyn FnMut(&[u32]) -> bool,
+        on_tokens: &mut dyn FnMut(&[u32], &Usage) -> bool,
     ) -> Result<Generation> {
         self.decode(prompt, options, None, on_tokens)
     }
@@ -47,7 +48,7 @@ impl Engine {
         prompt: &[u32],
         options: &GenerateOptions,
         refuse_line: Option<&LineCheck>,
-        on_tokens: &mut dyn FnMut(&[u32]) -> bool,
+        on_tokens: &mut dyn FnMut(&[u32], &Usage) -> bool,
     ) -> Result<Generation> {
         options.sampling.validate()?;
         let constraint = match &options.grammar {
@@ -98,7 +99,8 @@ impl Engine {
                 cut_text = Some(cut);
                 break reason;
             }
-            if !on_tokens(&tokens) {
+            usage.decode_seconds = decode_start.elapsed().as_secs_f64();
+            if !on_tokens(&tokens, &usage) {
                 break StopReason::Cancelled;
             }
             if tokens.len() == options.max_tokens {

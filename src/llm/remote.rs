@@ -10,11 +10,12 @@ use super::{Completion, Llm, Prompt};
 use crate::engine::chat::ChatMessage;
 use crate::engine::constraint::Grammar;
 use crate::engine::prompt_format::PromptFormat;
-use crate::engine::{GenerateOptions, Usage};
+use crate::engine::{first_refused_line, GenerateOptions, LineCheck, Usage};
 use crate::error::{Error, Result};
 use crate::metrics::Figures;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -135,7 +136,15 @@ impl RemoteModel {
     }
 
     /// One call: the request for `prompt`, sent with retries, and its usage.
-    fn complete(&mut self, prompt: &Prompt, options: &GenerateOptions) -> Result<Completion> {
+    /// With `refuse_line` the reply is streamed and the connection closed at
+    /// the first line it refuses, so the server stops generating there, as
+    /// the local engine would.
+    fn complete(
+        &mut self,
+        prompt: &Prompt,
+        options: &GenerateOptions,
+        refuse_line: Option<&LineCheck>,
+    ) -> Result<Completion> {
         let ids = self
             .format
             .segmented_chat_prompt(prompt.system.as_deref(), &prompt.segments)?;
@@ -152,18 +161,69 @@ impl RemoteModel {
         };
         add_generation_fields(&mut body, self.remote_model(), options)?;
         let start = Instant::now();
-        let reply: Reply = self.post(path, &body)?;
-        let seconds = start.elapsed().as_secs_f64();
-        let text = reply
-            .text()
-            .ok_or_else(|| self.error("the reply has no choices"))?;
-        let usage = match reply.usage {
-            Some(reported) => self.usage(reported, &ids, &text, seconds)?,
+        let (text, reported) = match refuse_line {
             None => {
-                return Err(self.error("the reply has no usage; prism cannot account for the call"))
+                let reply: Reply = self
+                    .send(path, &body)?
+                    .into_json()
+                    .map_err(|e| self.error(format!("unreadable reply: {e}")))?;
+                let text = reply
+                    .text()
+                    .ok_or_else(|| self.error("the reply has no choices"))?;
+                let usage = reply.usage.ok_or_else(|| {
+                    self.error("the reply has no usage; prism cannot account for the call")
+                })?;
+                (text, Some(usage))
+            }
+            Some(refuse_line) => {
+                body["stream"] = json!(true);
+                body["stream_options"] =
+                    json!({"include_usage": true, "continuous_usage_stats": true});
+                let response = self.send(path, &body)?;
+                self.read_stream(response, refuse_line)?
             }
         };
+        let seconds = start.elapsed().as_secs_f64();
+        let usage = self.usage(reported, &ids, &text, seconds)?;
         Ok(Completion { text, usage })
+    }
+
+    /// The text of a streamed reply up to the first line `refuse_line`
+    /// refuses, and the last usage the server reported on the way (none from
+    /// a server that reports usage only at the end of a stream cut short).
+    /// Returning drops the response, which closes the connection.
+    fn read_stream(
+        &self,
+        response: ureq::Response,
+        refuse_line: &LineCheck,
+    ) -> Result<(String, Option<ReportedUsage>)> {
+        let mut text = String::new();
+        let mut checked = 0;
+        let mut usage = None;
+        for line in BufReader::new(response.into_reader()).lines() {
+            let line = line.map_err(|e| self.error(format!("reading the stream: {e}")))?;
+            let Some(data) = line.strip_prefix("data:").map(str::trim) else {
+                continue;
+            };
+            if data == "[DONE]" {
+                break;
+            }
+            let chunk: StreamChunk = serde_json::from_str(data)
+                .map_err(|e| self.error(format!("unreadable stream chunk: {e}")))?;
+            if let Some(error) = chunk.error {
+                let message = error["message"].as_str().map(str::to_string);
+                return Err(self.error(message.unwrap_or_else(|| error.to_string())));
+            }
+            usage = chunk.usage.or(usage);
+            if let Some(piece) = chunk.choices.first().and_then(StreamChoice::piece) {
+                text.push_str(piece);
+            }
+            if let Some(cut) = first_refused_line(&text, &mut checked, refuse_line) {
+                text.truncate(cut);
+                break;
+            }
+        }
+        Ok((text, usage))
     }
 
     /// The call's [`Usage`]: prism's own figures when the server is prism;
@@ -171,15 +231,24 @@ impl RemoteModel {
     /// time, and reuse estimated when the server does not report it.
     fn usage(
         &mut self,
-        reported: ReportedUsage,
+        reported: Option<ReportedUsage>,
         ids: &[u32],
         text: &str,
         seconds: f64,
     ) -> Result<Usage> {
-        let mut sequence = ids.to_vec();
-        sequence.extend(self.format.tokenizer().encode(text)?);
+        let output = self.format.tokenizer().encode(text)?;
         let shared = common_prefix(&self.last_sequence, ids);
-        self.last_sequence = sequence;
+        let reported = reported.unwrap_or_else(|| {
+            // A stream cut short before the server said what it cost: count
+            // what was sent and received, and estimate the reuse.
+            ReportedUsage {
+                prompt_tokens: ids.len(),
+                completion_tokens: output.len(),
+                prompt_tokens_details: None,
+                prism: None,
+            }
+        });
+        self.last_sequence = [ids, &output].concat();
         if let Some(prism) = reported.prism {
             return Ok(prism.usage());
         }
@@ -200,7 +269,9 @@ impl RemoteModel {
         })
     }
 
-    fn post<T: serde::de::DeserializeOwned>(&self, path: &str, body: &Value) -> Result<T> {
+    /// POST `body` to `path`, retrying 429s, 5xx replies and broken
+    /// connections with growing waits; the successful response, unread.
+    fn send(&self, path: &str, body: &Value) -> Result<ureq::Response> {
         let url = format!("{}/{path}", self.options.base_url.trim_end_matches('/'));
         let mut wait = Duration::from_millis(500);
         let mut tries = 0;
@@ -210,11 +281,7 @@ impl RemoteModel {
                 request = request.set("Authorization", &format!("Bearer {key}"));
             }
             let retry = match request.send_json(body) {
-                Ok(response) => {
-                    return response
-                        .into_json()
-                        .map_err(|e| self.error(format!("unreadable reply: {e}")));
-                }
+                Ok(response) => return Ok(response),
                 Err(ureq::Error::Status(code, response)) => {
                     let detail = response.into_string().unwrap_or_default();
                     let message = format!("HTTP {code}: {}", error_message(&detail));
@@ -308,6 +375,36 @@ impl Reply {
     }
 }
 
+/// One server-sent event of a streamed reply, or an error the server sent instead.
+#[derive(Deserialize)]
+struct StreamChunk {
+    #[serde(default)]
+    choices: Vec<StreamChoice>,
+    usage: Option<ReportedUsage>,
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct StreamChoice {
+    /// `/v1/completions` streams `text`.
+    text: Option<String>,
+    /// `/v1/chat/completions` streams `delta.content`.
+    delta: Option<StreamDelta>,
+}
+
+impl StreamChoice {
+    fn piece(&self) -> Option<&str> {
+        self.text
+            .as_deref()
+            .or_else(|| self.delta.as_ref()?.content.as_deref())
+    }
+}
+
+#[derive(Deserialize)]
+struct StreamDelta {
+    content: Option<String>,
+}
+
 #[derive(Deserialize)]
 struct Choice {
     text: Option<String>,
@@ -395,7 +492,22 @@ impl Llm for RemoteLlm<'_> {
             grammar: grammar.cloned(),
             ..self.options.clone()
         };
-        self.model.complete(prompt, &options)
+        self.model.complete(prompt, &options, None)
+    }
+
+    fn complete_checking_lines(
+        &mut self,
+        prompt: &Prompt,
+        max_tokens: usize,
+        grammar: Option<&Grammar>,
+        refuse_line: &LineCheck,
+    ) -> Result<Completion> {
+        let options = GenerateOptions {
+            max_tokens,
+            grammar: grammar.cloned(),
+            ..self.options.clone()
+        };
+        self.model.complete(prompt, &options, Some(refuse_line))
     }
 
     fn count_tokens(&self, text: &str) -> Result<usize> {

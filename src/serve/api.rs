@@ -84,6 +84,10 @@ pub enum Stop {
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
+    /// vLLM's extension: the usage so far in every chunk, so a client that
+    /// stops reading early still knows what its tokens cost.
+    #[serde(default)]
+    pub continuous_usage_stats: bool,
 }
 
 /// `response_format`: free text, any JSON object, or JSON valid against a schema.
@@ -149,6 +153,7 @@ pub struct Settings {
     pub options: GenerateOptions,
     pub stream: bool,
     pub include_usage: bool,
+    pub continuous_usage: bool,
 }
 
 impl GenerationFields {
@@ -186,6 +191,10 @@ impl GenerationFields {
                 .stream_options
                 .as_ref()
                 .is_some_and(|options| options.include_usage),
+            continuous_usage: self
+                .stream_options
+                .as_ref()
+                .is_some_and(|options| options.continuous_usage_stats),
         })
     }
 

@@ -288,7 +288,7 @@ impl App {
         };
         if settings.stream {
             reply
-                .stream(received, settings.include_usage)
+                .stream(received, settings.include_usage, settings.continuous_usage)
                 .into_response()
         } else {
             match tokio::time::timeout(self.options.request_timeout, finished(received)).await {
@@ -378,13 +378,15 @@ impl Reply {
         self.envelope(self.chunk_object(), json!([choice]))
     }
 
-    /// Server-sent events: a chunk per piece of text, a last chunk with the
-    /// finish reason, the usage when asked for, then `[DONE]`. Dropping the
-    /// stream (the client left) drops the receiver, which stops the job.
+    /// Server-sent events: a chunk per piece of text (with the usage so far
+    /// when `continuous_usage`), a last chunk with the finish reason, the
+    /// usage when asked for, then `[DONE]`. Dropping the stream (the client
+    /// left) drops the receiver, which stops the job.
     fn stream(
         self,
         received: UnboundedReceiver<Event>,
         include_usage: bool,
+        continuous_usage: bool,
     ) -> Sse<impl futures_util::Stream<Item = std::result::Result<SseEvent, Infallible>>> {
         let data = |value: Value| SseEvent::default().data(value.to_string());
         let received = stream::unfold(received, |mut received| async move {
@@ -392,7 +394,13 @@ impl Reply {
         });
         let events = received.flat_map(move |event| {
             let events = match event {
-                Event::Text(text) => vec![data(self.chunk(&text, None))],
+                Event::Text(text, usage) => {
+                    let mut chunk = self.chunk(&text, None);
+                    if continuous_usage {
+                        chunk["usage"] = json!(ApiUsage::of(&usage));
+                    }
+                    vec![data(chunk)]
+                }
                 Event::Done(Ok(finished)) => {
                     let reason = api::finish_reason(finished.stop_reason);
                     let mut events = vec![data(self.chunk("", Some(reason)))];

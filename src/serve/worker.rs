@@ -21,10 +21,11 @@ pub struct Job {
     pub events: UnboundedSender<Event>,
 }
 
-/// What a job reports, in order: text pieces when streaming, then one `Done`.
+/// What a job reports, in order: text pieces when streaming, each with the
+/// usage up to it, then one `Done`.
 #[derive(Debug)]
 pub enum Event {
-    Text(String),
+    Text(String, Usage),
     Done(Result<Finished, ApiError>),
 }
 
@@ -74,11 +75,11 @@ fn run(engine: &mut Engine, job: &Job) -> Result<Finished, ApiError> {
     };
     let tokenizer = engine.tokenizer().clone();
     let mut stream = TextStream::new(&job.options.stop, job.options.sampling.loop_guard);
-    let mut on_tokens = |tokens: &[u32]| {
+    let mut on_tokens = |tokens: &[u32], usage: &Usage| {
         if job.stream {
             if let Ok(text) = tokenizer.decode(tokens, true) {
                 if let Some(piece) = stream.advance(&text) {
-                    let _ = job.events.send(Event::Text(piece));
+                    let _ = job.events.send(Event::Text(piece, usage.clone()));
                 }
             }
         }
@@ -90,7 +91,7 @@ fn run(engine: &mut Engine, job: &Job) -> Result<Finished, ApiError> {
     }
     if job.stream {
         if let Some(rest) = stream.finish(&generation.text) {
-            let _ = job.events.send(Event::Text(rest));
+            let _ = job.events.send(Event::Text(rest, generation.usage.clone()));
         }
     }
     Ok(Finished {
