@@ -238,15 +238,13 @@ impl RemoteModel {
     ) -> Result<Usage> {
         let output = self.format.tokenizer().encode(text)?;
         let shared = common_prefix(&self.last_sequence, ids);
-        let reported = reported.unwrap_or_else(|| {
-            // A stream cut short before the server said what it cost: count
-            // what was sent and received, and estimate the reuse.
-            ReportedUsage {
-                prompt_tokens: ids.len(),
-                completion_tokens: output.len(),
-                prompt_tokens_details: None,
-                prism: None,
-            }
+        // A stream cut short before the server said what it cost: count
+        // what was sent and received, and estimate the reuse.
+        let reported = reported.unwrap_or(ReportedUsage {
+            prompt_tokens: ids.len(),
+            completion_tokens: output.len(),
+            prompt_tokens_details: None,
+            prism: None,
         });
         self.last_sequence = [ids, &output].concat();
         if let Some(prism) = reported.prism {
