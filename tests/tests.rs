@@ -10,6 +10,7 @@ mod constrained;
 mod cos;
 mod engine;
 mod layers;
+mod perplexity;
 mod prism_loop;
 mod prompt_cache;
 mod quality;
