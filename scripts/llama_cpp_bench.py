@@ -11,6 +11,7 @@ Prints one JSON object per context length.
 """
 import argparse
 import json
+import resource
 import time
 
 import llama_cpp
@@ -65,6 +66,8 @@ def measure(llm, context, decode_steps, repeats):
         "decode_steps": decode_steps,
         "warm_90_seconds": warm,
         "cold_seconds": cold,
+        # Linux reports ru_maxrss in KiB; the interpreter's own memory is included.
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
 
 

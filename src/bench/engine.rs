@@ -25,6 +25,9 @@ pub struct EngineFigures {
     pub warm_90_seconds: f64,
     /// …and of the same prompt with nothing cached.
     pub cold_seconds: f64,
+    /// The process's peak resident memory so far, model included (Linux's
+    /// VmHWM); absent where the system does not say.
+    pub peak_rss_bytes: Option<u64>,
 }
 
 /// `count` pseudo-random ordinary token ids from `seed`. A plain 64-bit LCG
@@ -89,7 +92,17 @@ pub fn measure(
         decode_steps,
         warm_90_seconds: warm,
         cold_seconds: cold,
+        peak_rss_bytes: std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|status| peak_rss(&status)),
     })
+}
+
+/// The `VmHWM` line of a `/proc/<pid>/status` text, in bytes.
+fn peak_rss(status: &str) -> Option<u64> {
+    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 #[cfg(test)]
@@ -101,5 +114,12 @@ mod tests {
         assert!(prompt.iter().all(|&id| (1000..30_000).contains(&id)));
         // The first ids, as scripts/compare-llama-cpp computes them too.
         assert_eq!(&prompt[..3], &[4_334, 25_026, 5_538]);
+    }
+
+    #[test]
+    fn peak_rss_is_read_from_vmhwm() {
+        let status = "Name:\tprism\nVmPeak:\t  900000 kB\nVmHWM:\t  123456 kB\nVmRSS:\t 1000 kB\n";
+        assert_eq!(super::peak_rss(status), Some(123_456 * 1024));
+        assert_eq!(super::peak_rss("Name:\tprism\n"), None);
     }
 }

@@ -27,8 +27,8 @@ pub struct BenchEngineArgs {
 pub fn run(args: BenchEngineArgs) -> Result<()> {
     let mut engine = args.engine.load()?;
     if !args.json {
-        outln!("| context | prefill tok/s | decode tok/s | 90% cached (s) | cold (s) | speedup |")?;
-        outln!("|---:|---:|---:|---:|---:|---:|")?;
+        outln!("| context | prefill tok/s | decode tok/s | 90% cached (s) | cold (s) | speedup | peak RSS (MB) |")?;
+        outln!("|---:|---:|---:|---:|---:|---:|---:|")?;
     }
     for &context in &args.context {
         anyhow::ensure!(
@@ -42,13 +42,16 @@ pub fn run(args: BenchEngineArgs) -> Result<()> {
             outln!("{}", serde_json::to_string(&figures)?)?;
         } else {
             outln!(
-                "| {} | {:.1} | {:.1} | {:.3} | {:.3} | {:.1}× |",
+                "| {} | {:.1} | {:.1} | {:.3} | {:.3} | {:.1}× | {} |",
                 figures.context_tokens,
                 figures.prefill_tokens_per_second,
                 figures.decode_tokens_per_second,
                 figures.warm_90_seconds,
                 figures.cold_seconds,
                 figures.cold_seconds / figures.warm_90_seconds,
+                figures
+                    .peak_rss_bytes
+                    .map_or("–".to_string(), |bytes| (bytes >> 20).to_string()),
             )?;
         }
     }

@@ -110,8 +110,8 @@ impl EngineArgs {
             if usize::from(threads) > cores {
                 eprintln!("warning: --threads {threads} is more than the {cores} this machine has; they will contend");
             }
-            device::set_threads(usize::from(threads));
         }
+        device::configure_cpu_pools(self.threads.map(usize::from));
         let source = prism::models::resolve(&self.model)?;
         let start = Instant::now();
         let options = LoadOptions {
@@ -204,6 +204,8 @@ impl BackendArgs {
             ),
             None => None,
         };
+        // A judge may still run here, on the local engine.
+        device::configure_cpu_pools(self.engine.threads.map(usize::from));
         let source = prism::models::resolve_prompt_format(&self.engine.model)?;
         let format = PromptFormat::load(&source)
             .with_context(|| format!("reading the tokenizer of {}", self.engine.model))?;

@@ -81,13 +81,28 @@ pub fn default_threads() -> usize {
     candle_core::utils::get_num_threads()
 }
 
-/// Size candle's and rayon's thread pools. Must run before the first tensor
-/// operation: both pools read their size once, when first used.
-pub fn set_threads(threads: usize) {
-    let threads = threads.max(1).to_string();
-    // Called from `main` before any other thread exists.
-    std::env::set_var("CANDLE_NUM_THREADS", &threads);
-    std::env::set_var("RAYON_NUM_THREADS", &threads);
+/// How long an idle worker of candle's CPU pool spins before it sleeps,
+/// unless the user sets `CANDLE_BARRIER_POOL_SPIN_LIMIT`. candle's default
+/// (25,000 rounds) keeps a worker hot between the small matmuls of a decode
+/// step, but beside another busy process those spinning workers take the
+/// cores the other process's threads need, and both slow tenfold or more. At
+/// 1,000 rounds two copies of a decode benchmark each run at about half speed,
+/// as the shared cores allow, while alone decode loses under a tenth.
+const SPIN_LIMIT: &str = "1000";
+
+/// Size candle's and rayon's thread pools (`None`: their default, the
+/// physical cores) and set how long candle's workers spin. Must run before
+/// the first tensor operation: the pools read these once, when first used.
+pub fn configure_cpu_pools(threads: Option<usize>) {
+    // Called before the engine exists, while no other thread reads the environment.
+    if let Some(threads) = threads {
+        let threads = threads.max(1).to_string();
+        std::env::set_var("CANDLE_NUM_THREADS", &threads);
+        std::env::set_var("RAYON_NUM_THREADS", &threads);
+    }
+    if std::env::var_os("CANDLE_BARRIER_POOL_SPIN_LIMIT").is_none() {
+        std::env::set_var("CANDLE_BARRIER_POOL_SPIN_LIMIT", SPIN_LIMIT);
+    }
 }
 
 #[cfg(test)]
