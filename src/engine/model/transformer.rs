@@ -5,7 +5,7 @@
 //! whose length is the position of the first token given.
 
 use super::attention::{causal_attention, causal_mask};
-use super::weights::{Linear, Pass, PrefillWeights, WeightFile};
+use super::weights::{Embedding, Linear, Pass, PrefillWeights, WeightFile};
 use super::Config;
 use crate::engine::kv_cache::KvCache;
 use crate::error::{CandleContext, Result};
@@ -45,7 +45,7 @@ struct Rope {
 /// A loaded Llama or Qwen2 model.
 pub struct Transformer {
     config: Config,
-    embed_tokens: Tensor,
+    embed_tokens: Embedding,
     blocks: Vec<Block>,
     norm: Tensor,
     lm_head: Linear,
@@ -65,7 +65,7 @@ impl Transformer {
         let (hidden, q_dim, kv_dim) =
             (c.hidden_size, c.heads * c.head_dim, c.kv_heads * c.head_dim);
         let embed_tokens =
-            weights.dense("model.embed_tokens.weight", &[c.vocab_size, hidden], device)?;
+            weights.embedding("model.embed_tokens.weight", (c.vocab_size, hidden), device)?;
         let mut blocks = Vec::with_capacity(c.layers);
         for layer in 0..c.layers {
             let p = format!("model.layers.{layer}");
@@ -231,8 +231,7 @@ impl Transformer {
         pass: Pass,
     ) -> candle_core::Result<Tensor> {
         let start = cache.len();
-        let ids = Tensor::new(tokens, &self.device)?;
-        let mut x = self.embed_tokens.index_select(&ids, 0)?.unsqueeze(0)?;
+        let mut x = self.embed_tokens.rows(tokens, &self.device)?.unsqueeze(0)?;
         let (cos, sin) = self.rope.at(start, tokens.len())?;
         let mask = causal_mask(tokens.len(), start + tokens.len(), &self.device)?;
         let eps = self.config.rms_norm_eps as f32;
