@@ -53,6 +53,9 @@ pub enum Error {
     #[error("remote backend {url}: {reason}")]
     Remote { url: String, reason: String },
 
+    #[error("batched decoding: {reason}")]
+    Batch { reason: String },
+
     #[error("{what}: {reason}")]
     InvalidInput { what: String, reason: String },
 

@@ -333,3 +333,73 @@ fn perplexity_matches_the_logits_of_each_prefix() {
         .unwrap_err();
     assert!(err.to_string().contains("needs at least"), "{err}");
 }
+
+/// Sibling engines decoding at once share batched forward passes; each
+/// sequence's logits and greedy tokens must be what it gets alone.
+fn side_by_side_matches_alone(arch: TinyArch) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = load_tiny(arch, &dir);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let jobs: Vec<(Vec<u32>, Vec<u32>)> = (0..4)
+        .map(|_| {
+            (
+                random_tokens(&mut rng, 5..60),
+                random_tokens(&mut rng, 8..24),
+            )
+        })
+        .collect();
+    let options = GenerateOptions {
+        max_tokens: 12,
+        ..GenerateOptions::default()
+    };
+    let alone: Vec<_> = jobs
+        .iter()
+        .map(|(prompt, steps)| {
+            engine.clear_cache();
+            engine.prefill(prompt).unwrap();
+            let logits = engine.extend(steps).unwrap();
+            engine.clear_cache();
+            (logits, engine.generate(prompt, &options).unwrap().tokens)
+        })
+        .collect();
+    let siblings: Vec<Engine> = jobs.iter().map(|_| engine.sibling().unwrap()).collect();
+    let ready = std::sync::Barrier::new(jobs.len());
+    let together: Vec<_> = std::thread::scope(|scope| {
+        let threads: Vec<_> = siblings
+            .into_iter()
+            .zip(&jobs)
+            .map(|(mut sibling, (prompt, steps))| {
+                let (ready, options) = (&ready, &options);
+                scope.spawn(move || {
+                    sibling.prefill(prompt).unwrap();
+                    ready.wait();
+                    let logits = sibling.extend(steps).unwrap();
+                    sibling.clear_cache();
+                    ready.wait();
+                    (logits, sibling.generate(prompt, options).unwrap().tokens)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for (number, ((alone_logits, alone_tokens), (logits, tokens))) in
+        alone.iter().zip(&together).enumerate()
+    {
+        let diff = max_abs_diff(alone_logits, logits);
+        assert!(
+            diff <= TOLERANCE,
+            "sequence {number}: logits differ by {diff}"
+        );
+        assert_eq!(alone_tokens, tokens, "sequence {number}: greedy tokens");
+    }
+}
+
+#[test]
+fn llama_sequences_side_by_side_match_each_alone() {
+    side_by_side_matches_alone(TinyArch::Llama);
+}
+
+#[test]
+fn qwen2_sequences_side_by_side_match_each_alone() {
+    side_by_side_matches_alone(TinyArch::Qwen2);
+}

@@ -66,9 +66,7 @@ pub fn measure(
         engine.prefill(&prompt)?;
         best(&mut cold, start.elapsed().as_secs_f64());
         let start = Instant::now();
-        for &token in &steps {
-            engine.extend(&[token])?;
-        }
+        engine.extend(&steps)?;
         best(&mut decode, start.elapsed().as_secs_f64());
     }
 
@@ -95,6 +93,63 @@ pub fn measure(
         peak_rss_bytes: std::fs::read_to_string("/proc/self/status")
             .ok()
             .and_then(|status| peak_rss(&status)),
+    })
+}
+
+/// Decode speed of several sequences stepping side by side.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SideBySideFigures {
+    pub sequences: usize,
+    pub context_tokens: usize,
+    pub decode_steps: usize,
+    /// Tokens of all the sequences together per second of wall time.
+    pub decode_tokens_per_second: f64,
+}
+
+/// Decode `decode_steps` tokens in each of `sequences` sequences at once,
+/// every one on its own [`Engine::sibling`] and thread after the same
+/// `context_tokens`-token prompt, so that their steps batch as they would
+/// for runs side by side; timed from when all have their prompt encoded.
+pub fn measure_side_by_side(
+    engine: &mut Engine,
+    sequences: usize,
+    context_tokens: usize,
+    decode_steps: usize,
+) -> Result<SideBySideFigures> {
+    let vocab = engine.config().vocab_size;
+    let prompt = random_prompt(42, context_tokens, vocab);
+    let steps = random_prompt(7, decode_steps, vocab);
+    let mut siblings = Vec::with_capacity(sequences);
+    for _ in 0..sequences.max(1) {
+        siblings.push(engine.sibling()?);
+    }
+    let ready = std::sync::Barrier::new(siblings.len() + 1);
+    let seconds = std::thread::scope(|scope| {
+        let workers: Vec<_> = siblings
+            .into_iter()
+            .map(|mut sibling| {
+                let (prompt, steps, ready) = (&prompt, &steps, &ready);
+                scope.spawn(move || {
+                    let prefilled = sibling.prefill(prompt).map(|_| ());
+                    ready.wait();
+                    prefilled.and_then(|()| sibling.extend(steps).map(|_| ()))
+                })
+            })
+            .collect();
+        ready.wait();
+        let start = Instant::now();
+        for worker in workers {
+            worker.join().map_err(|_| crate::Error::Batch {
+                reason: "a benchmark thread panicked".to_string(),
+            })??;
+        }
+        Ok::<f64, crate::Error>(start.elapsed().as_secs_f64())
+    })?;
+    Ok(SideBySideFigures {
+        sequences: sequences.max(1),
+        context_tokens,
+        decode_steps,
+        decode_tokens_per_second: (sequences.max(1) * decode_steps) as f64 / seconds,
     })
 }
 

@@ -290,7 +290,7 @@ impl Session<'_> {
     /// is returned.
     fn run_side_by_side(
         &self,
-        backend: &Backend,
+        backend: &mut Backend,
         workers: usize,
         runs: &[&Planned],
         finisher: &mut Finisher,
@@ -298,13 +298,7 @@ impl Session<'_> {
     ) -> Result<()> {
         let mut siblings = Vec::new();
         for _ in 0..workers.min(runs.len()) {
-            siblings.push(backend.sibling().ok_or_else(|| {
-                Error::invalid(
-                    "--concurrency",
-                    "runs side by side only on a remote backend (--backend openai); \
-                     the local engine runs one sequence at a time",
-                )
-            })?);
+            siblings.push(backend.sibling()?);
         }
         enum Event {
             Begins(usize),

@@ -4,7 +4,7 @@
 use super::EngineArgs;
 use anyhow::Result;
 use clap::Args;
-use prism::bench::engine::measure;
+use prism::bench::engine::{measure, measure_side_by_side};
 
 #[derive(Debug, Args)]
 pub struct BenchEngineArgs {
@@ -19,7 +19,11 @@ pub struct BenchEngineArgs {
     /// Runs per figure; the best is kept.
     #[arg(long, default_value_t = 2)]
     repeats: usize,
-    /// Print one JSON object per context length.
+    /// Also decode this many sequences side by side at each context length,
+    /// their steps batched into one forward pass (comma-separated, e.g. 1,4,16).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=256))]
+    sequences: Vec<u16>,
+    /// Print one JSON object per context length (and per sequence count).
     #[arg(long)]
     json: bool,
 }
@@ -53,6 +57,31 @@ pub fn run(args: BenchEngineArgs) -> Result<()> {
                     .peak_rss_bytes
                     .map_or("–".to_string(), |bytes| (bytes >> 20).to_string()),
             )?;
+        }
+    }
+    if args.sequences.is_empty() {
+        return Ok(());
+    }
+    if !args.json {
+        outln!()?;
+        outln!("| context | sequences | decode tok/s, all together | per sequence |")?;
+        outln!("|---:|---:|---:|---:|")?;
+    }
+    for &context in &args.context {
+        for &sequences in &args.sequences {
+            let figures =
+                measure_side_by_side(&mut engine, sequences.into(), context, args.decode_steps)?;
+            if args.json {
+                outln!("{}", serde_json::to_string(&figures)?)?;
+            } else {
+                outln!(
+                    "| {} | {} | {:.1} | {:.1} |",
+                    figures.context_tokens,
+                    figures.sequences,
+                    figures.decode_tokens_per_second,
+                    figures.decode_tokens_per_second / figures.sequences as f64,
+                )?;
+            }
         }
     }
     Ok(())

@@ -29,6 +29,11 @@ pub struct ServeArgs {
     /// Seconds a request may take, waiting in the queue included; then it gets 504.
     #[arg(long, value_name = "SECONDS", default_value_t = 600)]
     request_timeout: u64,
+    /// Requests generating at once, each with caches of its own; their decode steps run as
+    /// one batched forward pass. More admit more clients, while each engine's cache sees
+    /// only the requests it happens to get.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    parallel: u16,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -48,6 +53,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_body_bytes: args.max_body,
         max_tokens: args.max_tokens,
         request_timeout: Duration::from_secs(args.request_timeout),
+        parallel: args.parallel.into(),
     };
     let server = Server::start(engine, listener, options)?;
     // Scripts that start the server on port 0 read the address from this line.

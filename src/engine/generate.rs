@@ -80,6 +80,7 @@ impl Engine {
             prompt_len: prompt.len(),
         };
         let mut tokens = Vec::new();
+        let decoding = self.model.decoding();
         // Set when a stop string, the loop guard or the line check cuts the text.
         let mut cut_text = None;
         let stop_reason = loop {
@@ -113,6 +114,7 @@ impl Engine {
             logits = self.model.forward(&[token], cache, Pass::Decode)?;
             usage.decode_steps += 1;
         };
+        drop(decoding);
         usage.decode_seconds = decode_start.elapsed().as_secs_f64();
         self.store_to_disk();
         let text = match cut_text {

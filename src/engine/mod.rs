@@ -6,6 +6,7 @@
 //! [`Engine::set_cache_slots`] allows more), keeps that part of the cache and
 //! computes only the rest. Every call reports what it cost as a [`Usage`].
 
+mod batch;
 pub mod cache_slots;
 pub mod chat;
 pub mod constraint;
@@ -23,6 +24,7 @@ pub mod tokenizer;
 pub(crate) use generate::first_refused_line;
 
 use crate::error::{without_panic, Error, Result};
+use batch::ModelRunner;
 use cache_slots::CacheSlots;
 use candle_core::quantized::gguf_file;
 use candle_core::Tensor;
@@ -191,8 +193,8 @@ impl EngineIdentity {
 pub struct Engine {
     /// As loaded; [`Engine::identity`] adds the settings changed since.
     identity: EngineIdentity,
-    model: Transformer,
-    format: PromptFormat,
+    model: ModelRunner,
+    format: Arc<PromptFormat>,
     slots: CacheSlots,
     prefix_cache: bool,
     /// Prefixes kept on disk across processes (`--prompt-cache`).
@@ -246,13 +248,34 @@ impl Engine {
         let slots = CacheSlots::new(model.new_cache(), 1);
         Ok(Engine {
             identity,
-            model,
-            format,
+            model: ModelRunner::new(model),
+            format: Arc::new(format),
             slots,
             prefix_cache: true,
             prompt_cache: None,
             grammars: std::cell::OnceCell::new(),
             token_marks: std::cell::OnceCell::new(),
+        })
+    }
+
+    /// Another engine on the same weights, with caches of its own and the
+    /// same settings, for a sequence that runs beside this one's on another
+    /// thread. From the first sibling on, the decode steps of all of them
+    /// that coincide run as one batched forward pass (see [`batch`]), so
+    /// sequences decoding side by side cost little more than one.
+    pub fn sibling(&mut self) -> Result<Engine> {
+        let model = self.model.share()?;
+        let mut slots = CacheSlots::new(model.new_cache(), self.slots.limit());
+        slots.set_byte_budget(self.slots.byte_budget());
+        Ok(Engine {
+            identity: self.identity.clone(),
+            model,
+            format: Arc::clone(&self.format),
+            slots,
+            prefix_cache: self.prefix_cache,
+            prompt_cache: self.prompt_cache.clone(),
+            grammars: std::cell::OnceCell::new(),
+            token_marks: self.token_marks.clone(),
         })
     }
 
@@ -459,9 +482,9 @@ impl Engine {
         }
     }
 
-    /// Append `tokens` to the cached sequence as decode steps and return the
-    /// logits after the last of them. Benchmarks use it to time decode steps
-    /// without sampling.
+    /// Append `tokens` to the cached sequence, one decode step each, and
+    /// return the logits after the last of them. Benchmarks use it to time
+    /// decode steps without sampling.
     pub fn extend(&mut self, tokens: &[u32]) -> Result<Tensor> {
         let cache = &mut self.slots.active_mut().cache;
         if cache.len() + tokens.len() >= self.model.config().context_tokens {
@@ -470,7 +493,14 @@ impl Engine {
                 context_tokens: self.model.config().context_tokens,
             });
         }
-        self.model.forward(tokens, cache, Pass::Decode)
+        let Some((&last, steps)) = tokens.split_last() else {
+            return Err(Error::invalid("extend", "no tokens to append"));
+        };
+        let _decoding = self.model.decoding();
+        for &token in steps {
+            self.model.forward(&[token], cache, Pass::Decode)?;
+        }
+        self.model.forward(&[last], cache, Pass::Decode)
     }
 
     fn grammars(&self) -> Result<&Grammars> {

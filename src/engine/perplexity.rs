@@ -126,6 +126,7 @@ impl Engine {
             let first = windows.context / 2;
             for log_prob in self
                 .model
+                .model()
                 .next_token_log_probs(&window, &mut cache, first)?
             {
                 nll.add(log_prob);

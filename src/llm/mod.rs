@@ -124,14 +124,13 @@ impl Backend {
     }
 
     /// A second backend on the same model for work that runs beside this
-    /// one's: another client of a remote server. None for the local engine,
-    /// which runs one sequence at a time and would need a second copy of the
-    /// weights.
-    pub fn sibling(&self) -> Option<Backend> {
-        match self {
-            Backend::Local(_) => None,
-            Backend::Remote(model) => Some(Backend::Remote(Box::new(model.sibling()))),
-        }
+    /// one's on another thread: another client of a remote server, or a
+    /// sibling of the local engine whose decode steps batch with this one's.
+    pub fn sibling(&mut self) -> Result<Backend> {
+        Ok(match self {
+            Backend::Local(engine) => Backend::Local(Box::new(engine.sibling()?)),
+            Backend::Remote(model) => Backend::Remote(Box::new(model.sibling())),
+        })
     }
 
     /// The backend as an [`Llm`] with these generation settings.

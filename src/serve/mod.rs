@@ -1,7 +1,8 @@
 //! `prism serve`: an OpenAI-compatible HTTP server on the prism engine.
 //!
-//! Requests queue for one engine thread (see [`worker`]), so a prompt that
-//! extends an earlier one reuses its cached prefix, as within one process.
+//! Requests queue for the engine threads (one unless `--parallel` says more;
+//! see [`worker`]), so a prompt that extends an earlier one reuses its cached
+//! prefix, as within one process.
 //! The HTTP side runs on a single-threaded tokio runtime of its own: it only
 //! parses, waits and writes, while the engine's threads do the work.
 
@@ -40,6 +41,8 @@ pub struct ServeOptions {
     pub max_tokens: usize,
     /// From arrival, queueing included; past it a request gets 504.
     pub request_timeout: Duration,
+    /// Requests generating at once; their decode steps share forward passes.
+    pub parallel: usize,
 }
 
 impl Default for ServeOptions {
@@ -49,6 +52,7 @@ impl Default for ServeOptions {
             max_body_bytes: 4 << 20,
             max_tokens: 2048,
             request_timeout: Duration::from_secs(600),
+            parallel: 1,
         }
     }
 }
@@ -76,7 +80,7 @@ impl Server {
         let app = App {
             model: engine.name().to_string(),
             context_tokens: engine.context_tokens(),
-            queue: worker::spawn(engine)
+            queue: worker::spawn(engine, options.parallel)
                 .map_err(|e| Error::invalid("engine thread", e.to_string()))?,
             options,
             next_id: AtomicU64::new(1),

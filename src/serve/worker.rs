@@ -1,10 +1,11 @@
-//! The thread that owns the engine. Requests wait in one queue and run one
-//! at a time, in the order they came, each continuing whichever cached
-//! sequence shares the most of its prompt.
+//! The threads that own the engines. Requests wait in one queue and start in
+//! the order they came, as many at a time as there are engines (`--parallel`),
+//! each continuing whichever cached sequence of its engine shares the most of
+//! its prompt. The engines are siblings, so their decode steps batch.
 
 use super::api::{ApiError, PromptInput};
 use crate::engine::{Engine, GenerateOptions, StopReason, Usage};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -36,27 +37,49 @@ pub struct Finished {
     pub usage: Usage,
 }
 
-/// Start the engine's thread; it ends when every sender of the queue is gone.
-pub fn spawn(engine: Engine) -> std::io::Result<mpsc::Sender<Job>> {
+/// Start `parallel` engine threads, `engine` and siblings of it (see
+/// [`Engine::sibling`]), taking jobs from one queue in the order they came;
+/// they end when every sender of the queue is gone.
+pub fn spawn(mut engine: Engine, parallel: usize) -> std::io::Result<mpsc::Sender<Job>> {
     let (queue, jobs) = mpsc::channel::<Job>();
-    std::thread::Builder::new()
-        .name("prism-engine".into())
-        .spawn(move || {
-            let mut engine = engine;
-            for job in jobs {
-                if job.events.is_closed() {
-                    continue;
-                }
-                let result = if Instant::now() >= job.deadline {
-                    Err(ApiError::timeout())
-                } else {
-                    run(&mut engine, &job)
-                };
-                // The client may have gone meanwhile; nobody is left to tell.
-                let _ = job.events.send(Event::Done(result));
-            }
-        })?;
+    let jobs = Arc::new(Mutex::new(jobs));
+    let mut engines = Vec::with_capacity(parallel.max(1));
+    for _ in 1..parallel.max(1) {
+        engines.push(engine.sibling().map_err(std::io::Error::other)?);
+    }
+    engines.push(engine);
+    for (number, engine) in engines.into_iter().enumerate() {
+        let jobs = Arc::clone(&jobs);
+        std::thread::Builder::new()
+            .name(format!("prism-engine-{number}"))
+            .spawn(move || serve(engine, &jobs))?;
+    }
     Ok(queue)
+}
+
+/// One engine thread: the next job in the queue, until the queue closes.
+fn serve(mut engine: Engine, jobs: &Mutex<mpsc::Receiver<Job>>) {
+    loop {
+        // The lock is held only while waiting for the next job, so each job
+        // goes to the first engine that is free.
+        let next = match jobs.lock() {
+            Ok(jobs) => jobs.recv(),
+            Err(_) => return,
+        };
+        let Ok(job) = next else {
+            return;
+        };
+        if job.events.is_closed() {
+            continue;
+        }
+        let result = if Instant::now() >= job.deadline {
+            Err(ApiError::timeout())
+        } else {
+            run(&mut engine, &job)
+        };
+        // The client may have gone meanwhile; nobody is left to tell.
+        let _ = job.events.send(Event::Done(result));
+    }
 }
 
 fn run(engine: &mut Engine, job: &Job) -> Result<Finished, ApiError> {

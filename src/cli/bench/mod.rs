@@ -3,7 +3,6 @@
 
 use super::method_args::{MemoryArg, MethodArgs, MethodName, OnOff};
 use super::progress::Bar;
-use super::shared_args::BackendKind;
 use super::{BackendArgs, DocumentLimit, SamplingArgs};
 use anyhow::Result;
 use clap::parser::ValueSource;
@@ -72,9 +71,10 @@ struct SweepArgs {
     /// Question-answer pairs (as `prism qa generate` writes them) for the QA-F1 of --quality.
     #[arg(long, requires = "quality")]
     questions: Option<PathBuf>,
-    /// Runs in flight at once, each a client of its own (only with --backend openai): a run's
-    /// calls stay in order, so its prefix reuse on the server is what it would be alone.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    /// Runs in flight at once, each on its own thread: a run's calls stay in order, so its
+    /// prefix reuse is what it would be alone. Locally their decode steps batch into one
+    /// forward pass each; on a remote backend each run is a client of its own.
+    #[arg(long, visible_alias = "parallel", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
     concurrency: u16,
     #[command(flatten)]
     method_args: MethodArgs,
@@ -205,11 +205,6 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
                 .transpose()?,
         }),
     };
-    anyhow::ensure!(
-        args.concurrency == 1 || args.backend.backend != BackendKind::Local,
-        "--concurrency runs side by side only on a remote backend (--backend openai); \
-         the local engine runs one sequence at a time"
-    );
     let documents = prism::document::expand_directories(&args.documents)?
         .into_iter()
         .map(|path| {

@@ -6,7 +6,8 @@
 //! into one matrix, so keys and values are read straight from the cache,
 //! never copied or repeated per query head.
 
-use candle_core::{Device, Result, Tensor};
+use candle_core::{DType, Device, Layout, Result, Storage, Tensor};
+use rayon::prelude::*;
 
 /// The additive causal mask for `seq` queries at the last positions of `total`:
 /// query `i` (at position `total - seq + i`) sees keys `0..=total - seq + i`.
@@ -62,6 +63,257 @@ pub fn causal_attention(
         .reshape((heads, seq, d))?
         .transpose(0, 1)?
         .reshape((1, seq, heads * d))
+}
+
+/// Below this many attention scores per layer (about one sequence of 1,500
+/// positions on a small model), waking other threads costs more than it saves.
+const PARALLEL_SCORES: usize = 16_384;
+
+/// Attention for one new query per sequence, each over a cache of its own:
+/// `queries` is `(sequences, heads, 1, head_dim)`, and `caches[i]` holds
+/// sequence i's keys and values `(1, kv_heads, positions_i, head_dim)`, its
+/// new position included. Returns `(1, sequences, heads * head_dim)`.
+///
+/// A decode step's attention is a few dot products per cached position. As
+/// tensor ops (two matmuls, a softmax, reshapes) per sequence its cost was
+/// mostly their overhead, more than half a step's time with many sequences;
+/// here each query head makes one pass over its cache rows, in place. Other
+/// devices and dtypes take the tensor-op path.
+pub fn decode_attention(
+    queries: &Tensor,
+    caches: &[(Tensor, Tensor)],
+    scale: f64,
+) -> Result<Tensor> {
+    let (count, heads, _, d) = queries.dims4()?;
+    if caches.len() != count {
+        candle_core::bail!("{count} queries for {} caches", caches.len());
+    }
+    let queries = queries.contiguous()?;
+    let on_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == DType::F32;
+    let all_on_cpu = on_cpu(&queries)
+        && caches
+            .iter()
+            .all(|(keys, values)| on_cpu(keys) && on_cpu(values));
+    if !all_on_cpu {
+        return decode_attention_by_ops(&queries, caches, scale);
+    }
+    let query_guard = queries.storage_and_layout();
+    let guards: Vec<_> = caches
+        .iter()
+        .map(|(keys, values)| (keys.storage_and_layout(), values.storage_and_layout()))
+        .collect();
+    let q = &cpu_f32(&query_guard.0)?[query_guard.1.start_offset()..];
+    let mut sequences = Vec::with_capacity(count);
+    for (keys, values) in &guards {
+        sequences.push((
+            Rows::new(&keys.0, keys.1, d)?,
+            Rows::new(&values.0, values.1, d)?,
+        ));
+    }
+    let kv_heads = sequences[0].0.heads;
+    let groups = heads / kv_heads.max(1);
+    let scale = scale as f32;
+    let mut out = vec![0f32; count * heads * d];
+    // Item `sequence * kv_heads + kv_head` is the query heads of one
+    // sequence that share a key/value head: consecutive heads, so their
+    // queries and outputs are one run of `groups * d` floats, and each cache
+    // row is read once for all of them.
+    let fused = fused_multiply_add();
+    let attend = |scores: &mut Vec<f32>, (item, out): (usize, &mut [f32])| {
+        let (keys, values) = &sequences[item / kv_heads];
+        let group = Group {
+            queries: &q[item * groups * d..(item + 1) * groups * d],
+            keys,
+            values,
+            kv_head: item % kv_heads,
+            scale,
+        };
+        if fused {
+            // SAFETY: the CPU supports AVX2 and FMA, checked above.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                group.attend_fma(scores, out)
+            }
+        } else {
+            group.attend::<false>(scores, out)
+        }
+    };
+    let scores: usize = sequences
+        .iter()
+        .map(|(keys, _)| keys.positions * heads)
+        .sum();
+    if scores < PARALLEL_SCORES {
+        let mut scratch = Vec::new();
+        out.chunks_mut(groups * d)
+            .enumerate()
+            .for_each(|item| attend(&mut scratch, item));
+    } else {
+        out.par_chunks_mut(groups * d)
+            .enumerate()
+            .for_each_init(Vec::new, attend);
+    }
+    drop(guards);
+    Tensor::from_vec(out, (1, count, heads * d), queries.device())
+}
+
+/// [`decode_attention`] as tensor ops, for devices other than the CPU.
+fn decode_attention_by_ops(
+    queries: &Tensor,
+    caches: &[(Tensor, Tensor)],
+    scale: f64,
+) -> Result<Tensor> {
+    let mut outputs = Vec::with_capacity(caches.len());
+    for (i, (keys, values)) in caches.iter().enumerate() {
+        let query = queries.get(i)?.unsqueeze(0)?;
+        outputs.push(causal_attention(&query, keys, values, None, scale)?);
+    }
+    Tensor::cat(&outputs, 1)
+}
+
+fn cpu_f32(storage: &Storage) -> Result<&[f32]> {
+    match storage {
+        Storage::Cpu(cpu) => cpu.as_slice::<f32>(),
+        _ => candle_core::bail!("decode attention reads CPU storage only"),
+    }
+}
+
+/// The rows of one cache tensor `(1, kv_heads, positions, head_dim)` as a
+/// slice of its storage, whatever its capacity beyond `positions`.
+struct Rows<'a> {
+    data: &'a [f32],
+    start: usize,
+    head_stride: usize,
+    row_stride: usize,
+    heads: usize,
+    positions: usize,
+    d: usize,
+}
+
+impl<'a> Rows<'a> {
+    fn new(storage: &'a Storage, layout: &'a Layout, d: usize) -> Result<Self> {
+        let (_, heads, positions, width) = layout.shape().dims4()?;
+        let stride = layout.stride();
+        if width != d || stride[3] != 1 {
+            candle_core::bail!(
+                "a cache of shape {:?} and strides {stride:?}",
+                layout.dims()
+            );
+        }
+        Ok(Rows {
+            data: cpu_f32(storage)?,
+            start: layout.start_offset(),
+            head_stride: stride[1],
+            row_stride: stride[2],
+            heads,
+            positions,
+            d,
+        })
+    }
+
+    fn row(&self, head: usize, position: usize) -> &'a [f32] {
+        let at = self.start + head * self.head_stride + position * self.row_stride;
+        &self.data[at..at + self.d]
+    }
+}
+
+/// Whether [`Group::attend_fma`] can run: an x86-64 CPU with AVX2 and FMA.
+fn fused_multiply_add() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The query heads of one sequence that share a key/value head.
+struct Group<'a> {
+    /// `groups * d` floats, head after head.
+    queries: &'a [f32],
+    keys: &'a Rows<'a>,
+    values: &'a Rows<'a>,
+    kv_head: usize,
+    scale: f32,
+}
+
+impl Group<'_> {
+    /// [`Group::attend`] compiled for AVX2 with fused multiply-adds; the
+    /// build's baseline is plain x86-64, whose vectors are half as wide.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn attend_fma(&self, scores: &mut Vec<f32>, out: &mut [f32]) {
+        self.attend::<true>(scores, out)
+    }
+
+    /// Softmax-weighted sums of the value rows into `out` (`groups * d`),
+    /// with `scores` as scratch.
+    #[inline(always)]
+    fn attend<const FMA: bool>(&self, scores: &mut Vec<f32>, out: &mut [f32]) {
+        let (d, positions) = (self.keys.d, self.keys.positions);
+        let groups = self.queries.len() / d;
+        scores.clear();
+        scores.resize(groups * positions, 0.0);
+        for j in 0..positions {
+            let key = self.keys.row(self.kv_head, j);
+            for (g, query) in self.queries.chunks_exact(d).enumerate() {
+                scores[g * positions + j] = dot::<FMA>(query, key) * self.scale;
+            }
+        }
+        for head in scores.chunks_exact_mut(positions) {
+            let max = head.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for score in head.iter_mut() {
+                *score = (*score - max).exp();
+                sum += *score;
+            }
+            for score in head.iter_mut() {
+                *score /= sum;
+            }
+        }
+        out.fill(0.0);
+        for j in 0..positions {
+            let value = self.values.row(self.kv_head, j);
+            for (g, out) in out.chunks_exact_mut(d).enumerate() {
+                let weight = scores[g * positions + j];
+                for (o, v) in out.iter_mut().zip(value) {
+                    *o = multiply_add::<FMA>(weight, *v, *o);
+                }
+            }
+        }
+    }
+}
+
+/// `a * b + c`, fused where the caller is compiled for it (unfused it would
+/// be a slow library call).
+#[inline(always)]
+fn multiply_add<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// A dot product in eight independent lanes, which the compiler keeps in
+/// vector registers (a single running sum could not be reordered).
+#[inline(always)]
+fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (a_blocks, b_blocks) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = a_blocks
+        .remainder()
+        .iter()
+        .zip(b_blocks.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (a, b) in a_blocks.zip(b_blocks) {
+        for lane in 0..8 {
+            lanes[lane] = multiply_add::<FMA>(a[lane], b[lane], lanes[lane]);
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! The model holds no state between calls: the caller passes the [`KvCache`],
 //! whose length is the position of the first token given.
 
-use super::attention::{causal_attention, causal_mask};
+use super::attention::{causal_attention, causal_mask, decode_attention};
 use super::weights::{Embedding, Linear, Pass, PrefillWeights, WeightFile};
 use super::Config;
 use crate::engine::kv_cache::KvCache;
@@ -152,6 +152,12 @@ impl Transformer {
         if tokens.is_empty() {
             return Err(crate::Error::invalid("forward", "no tokens to run"));
         }
+        // A generated token takes the decode step's path, so that a sequence
+        // decoding alone gets the logits it gets batched with others.
+        if let ([token], Pass::Decode) = (tokens, pass) {
+            let logits = self.forward_decode_batch(&[*token], &mut [cache])?;
+            return logits.squeeze(0).context("output head");
+        }
         cache.reserve(tokens.len())?;
         let mut last_hidden = None;
         for batch in tokens.chunks(PREFILL_BATCH) {
@@ -171,6 +177,102 @@ impl Transformer {
             .flatten_all()
             .and_then(|l| l.to_dtype(DType::F32))
             .context("output head")
+    }
+
+    /// One decode step for several sequences at once: `tokens[i]` follows the
+    /// positions in `caches[i]`, and is appended there. Returns the next-token
+    /// logits of each sequence, `(sequences, vocab_size)` in f32.
+    ///
+    /// Every matmul weight is read once for all the sequences, which is what
+    /// a decode step costs on a CPU; only attention runs per sequence, over
+    /// its own cache. Each row is computed as it would be alone: the same
+    /// kernels, in the same order.
+    pub fn forward_decode_batch(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut KvCache],
+    ) -> Result<Tensor> {
+        if tokens.is_empty() || tokens.len() != caches.len() {
+            return Err(crate::Error::invalid(
+                "forward",
+                format!("{} tokens for {} sequences", tokens.len(), caches.len()),
+            ));
+        }
+        for cache in caches.iter_mut() {
+            cache.reserve(1)?;
+        }
+        let hidden = self
+            .decode_batch_blocks(tokens, caches)
+            .context("batched decode step")?;
+        for (cache, token) in caches.iter_mut().zip(tokens) {
+            cache.commit(&[*token]);
+        }
+        let eps = self.config.rms_norm_eps as f32;
+        let logits = candle_nn::ops::rms_norm(&hidden, &self.norm, eps)
+            .and_then(|normed| self.lm_head.forward(&normed, Pass::Decode))
+            .and_then(|logits| logits.squeeze(0)?.to_dtype(DType::F32))
+            .context("output head")?;
+        Ok(logits)
+    }
+
+    /// The blocks of a batched decode step; returns the hidden states `(1, sequences, hidden)`.
+    fn decode_batch_blocks(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut KvCache],
+    ) -> candle_core::Result<Tensor> {
+        let c = &self.config;
+        let count = tokens.len();
+        let positions: Vec<u32> = caches.iter().map(|cache| cache.len() as u32).collect();
+        let positions = Tensor::new(positions.as_slice(), &self.device)?;
+        // Each sequence is a batch entry of one position, with its own row of
+        // the tables, so one rotation call turns each by its own position.
+        let half = c.head_dim / 2;
+        let cos = self
+            .rope
+            .cos
+            .index_select(&positions, 0)?
+            .reshape((count, 1, half))?;
+        let sin = self
+            .rope
+            .sin
+            .index_select(&positions, 0)?
+            .reshape((count, 1, half))?;
+        let mut x = self.embed_tokens.rows(tokens, &self.device)?.unsqueeze(0)?;
+        let eps = c.rms_norm_eps as f32;
+        let scale = 1.0 / (c.head_dim as f64).sqrt();
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let normed = candle_nn::ops::rms_norm(&x, &block.input_layernorm, eps)?;
+            let attn = &block.self_attn;
+            // (sequences, heads, 1, head_dim), a reshape of the projection's rows.
+            let project = |linear: &Linear, heads: usize| {
+                linear
+                    .forward(&normed, Pass::Decode)?
+                    .reshape((count, heads, 1, c.head_dim))
+            };
+            let q = self
+                .rope
+                .apply(&project(&attn.q_proj, c.heads)?, &cos, &sin)?;
+            let k = self
+                .rope
+                .apply(&project(&attn.k_proj, c.kv_heads)?, &cos, &sin)?;
+            let v = project(&attn.v_proj, c.kv_heads)?;
+            let mut sequences = Vec::with_capacity(count);
+            for (i, cache) in caches.iter_mut().enumerate() {
+                let keys = k.get(i)?.unsqueeze(0)?;
+                let values = v.get(i)?.unsqueeze(0)?;
+                sequences.push(
+                    cache
+                        .append(layer, &keys, &values)
+                        .map_err(candle_core::Error::wrap)?,
+                );
+            }
+            let attended = decode_attention(&q, &sequences, scale)?;
+            x = (x + attn.o_proj.forward(&attended, Pass::Decode)?)?;
+            let normed = candle_nn::ops::rms_norm(&x, &block.post_attention_layernorm, eps)?;
+            x = (x + block.mlp.forward(&normed, Pass::Decode)?)?;
+        }
+        Ok(x)
     }
 
     /// Run `tokens` after the positions already in `cache` (committing them)

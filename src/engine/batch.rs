@@ -1,0 +1,240 @@
+//! Forward passes of several engines on one model, with their decode steps
+//! batched.
+//!
+//! A decode step reads every weight of the model to produce one token; on a
+//! CPU that read is the cost. Engines made by [`Engine::sibling`] share one
+//! model and hand each forward pass to a single worker thread, which runs
+//! every decode step waiting at that moment as one batched pass
+//! ([`Transformer::forward_decode_batch`]) and each prompt on its own. Each
+//! engine keeps its own caches, sampling, constraints and accounting; only
+//! the weights' read is shared.
+//!
+//! [`Engine::sibling`]: super::Engine::sibling
+
+use super::kv_cache::KvCache;
+use super::model::{Config, Pass, Transformer};
+use crate::error::{CandleContext, Error, Result};
+use candle_core::Tensor;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+/// How long the worker waits for the decoding sequences that have not sent
+/// their next step yet. Between two steps a sequence only samples a token
+/// (well under a millisecond, a few with a grammar), so a wait this short
+/// gathers them all without holding the others back when one is busy
+/// elsewhere.
+const GATHER_WAIT: Duration = Duration::from_millis(3);
+
+/// The model an engine runs, alone or shared with its siblings.
+pub(crate) struct ModelRunner {
+    model: Arc<Transformer>,
+    /// Set once the model is shared: every forward pass goes through it.
+    batcher: Option<Batcher>,
+}
+
+impl ModelRunner {
+    pub(crate) fn new(model: Transformer) -> Self {
+        ModelRunner {
+            model: Arc::new(model),
+            batcher: None,
+        }
+    }
+
+    pub(crate) fn model(&self) -> &Transformer {
+        &self.model
+    }
+
+    pub(crate) fn config(&self) -> &Config {
+        self.model.config()
+    }
+
+    pub(crate) fn new_cache(&self) -> KvCache {
+        self.model.new_cache()
+    }
+
+    /// A runner on the same model whose decode steps batch with this one's.
+    /// The first call starts the worker thread.
+    pub(crate) fn share(&mut self) -> Result<ModelRunner> {
+        if self.batcher.is_none() {
+            self.batcher = Some(Batcher::start(Arc::clone(&self.model))?);
+        }
+        Ok(ModelRunner {
+            model: Arc::clone(&self.model),
+            batcher: self.batcher.clone(),
+        })
+    }
+
+    /// [`Transformer::forward`], on the worker thread when the model is shared.
+    pub(crate) fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        pass: Pass,
+    ) -> Result<Tensor> {
+        match &self.batcher {
+            None => self.model.forward(tokens, cache, pass),
+            Some(batcher) => {
+                let work = match pass {
+                    Pass::Decode if tokens.len() == 1 => Work::Decode(tokens[0]),
+                    _ => Work::Tokens(tokens.to_vec(), pass),
+                };
+                batcher.run(work, cache, &self.model)
+            }
+        }
+    }
+
+    /// Marks this engine's sequence as decoding until the guard is dropped,
+    /// so the worker waits for its steps before running a batch without it.
+    pub(crate) fn decoding(&self) -> DecodingGuard {
+        DecodingGuard::new(
+            self.batcher
+                .as_ref()
+                .map(|batcher| Arc::clone(&batcher.decoding)),
+        )
+    }
+}
+
+pub(crate) struct DecodingGuard {
+    decoding: Option<Arc<AtomicUsize>>,
+}
+
+impl DecodingGuard {
+    fn new(decoding: Option<Arc<AtomicUsize>>) -> Self {
+        if let Some(count) = &decoding {
+            count.fetch_add(1, Ordering::SeqCst);
+        }
+        DecodingGuard { decoding }
+    }
+}
+
+impl Drop for DecodingGuard {
+    fn drop(&mut self) {
+        if let Some(count) = &self.decoding {
+            count.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// What one engine asks of the worker.
+enum Work {
+    /// One generated token (batched with the other sequences' steps).
+    Decode(u32),
+    /// Several tokens, or a prompt's: run alone, as [`Transformer::forward`].
+    Tokens(Vec<u32>, Pass),
+}
+
+/// The cache travels to the worker with the work and comes back with the logits.
+struct Request {
+    work: Work,
+    cache: KvCache,
+    reply: Reply,
+}
+
+/// The sending side of the worker's queue, one per engine.
+#[derive(Clone)]
+struct Batcher {
+    queue: mpsc::Sender<Request>,
+    /// Sequences between the start and the end of their decoding loop.
+    decoding: Arc<AtomicUsize>,
+}
+
+impl Batcher {
+    /// Start the worker; it ends when every engine sharing it is gone.
+    fn start(model: Arc<Transformer>) -> Result<Self> {
+        let (queue, requests) = mpsc::channel();
+        let decoding = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&decoding);
+        std::thread::Builder::new()
+            .name("prism-batch".into())
+            .spawn(move || serve(&model, &requests, &counted))
+            .map_err(|e| Error::Batch {
+                reason: format!("cannot start its thread: {e}"),
+            })?;
+        Ok(Batcher { queue, decoding })
+    }
+
+    fn run(&self, work: Work, cache: &mut KvCache, model: &Transformer) -> Result<Tensor> {
+        let (reply, answer) = mpsc::channel();
+        // The engine's cache is lent to the worker; an empty one stands in until it is back.
+        let lent = std::mem::replace(cache, model.new_cache());
+        let gone = || Error::Batch {
+            reason: "its worker thread has stopped".to_string(),
+        };
+        self.queue
+            .send(Request {
+                work,
+                cache: lent,
+                reply,
+            })
+            .map_err(|_| gone())?;
+        let (returned, logits) = answer.recv().map_err(|_| gone())?;
+        *cache = returned;
+        logits
+    }
+}
+
+/// The worker's loop: take what is waiting, wait briefly for the decoding
+/// sequences still missing, run each multi-token pass alone and every
+/// single decode step together.
+fn serve(model: &Transformer, requests: &mpsc::Receiver<Request>, decoding: &AtomicUsize) {
+    while let Ok(first) = requests.recv() {
+        let mut waiting = vec![first];
+        let deadline = Instant::now() + GATHER_WAIT;
+        loop {
+            let steps = waiting
+                .iter()
+                .filter(|request| matches!(request.work, Work::Decode(_)))
+                .count();
+            let now = Instant::now();
+            if steps >= decoding.load(Ordering::SeqCst) || now >= deadline {
+                break;
+            }
+            match requests.recv_timeout(deadline - now) {
+                Ok(request) => waiting.push(request),
+                Err(_) => break,
+            }
+        }
+        waiting.extend(requests.try_iter());
+        let mut steps = Vec::new();
+        for mut request in waiting {
+            match &request.work {
+                Work::Decode(token) => steps.push((*token, request.cache, request.reply)),
+                Work::Tokens(tokens, pass) => {
+                    let logits = model.forward(tokens, &mut request.cache, *pass);
+                    let _ = request.reply.send((request.cache, logits));
+                }
+            }
+        }
+        if !steps.is_empty() {
+            decode_together(model, steps);
+        }
+    }
+}
+
+type Reply = mpsc::Sender<(KvCache, Result<Tensor>)>;
+
+/// One batched pass for every waiting decode step; each engine gets its own
+/// row of the logits, or the error.
+fn decode_together(model: &Transformer, steps: Vec<(u32, KvCache, Reply)>) {
+    let mut tokens = Vec::with_capacity(steps.len());
+    let mut caches = Vec::with_capacity(steps.len());
+    let mut replies = Vec::with_capacity(steps.len());
+    for (token, cache, reply) in steps {
+        tokens.push(token);
+        caches.push(cache);
+        replies.push(reply);
+    }
+    let mut borrowed: Vec<&mut KvCache> = caches.iter_mut().collect();
+    let logits = model.forward_decode_batch(&tokens, &mut borrowed);
+    for (row, (cache, reply)) in caches.into_iter().zip(replies).enumerate() {
+        let answer = match &logits {
+            Ok(logits) => logits.get(row).context("batched decode step"),
+            // The error is the whole batch's; each engine gets its message.
+            Err(err) => Err(Error::Batch {
+                reason: err.to_string(),
+            }),
+        };
+        let _ = reply.send((cache, answer));
+    }
+}
