@@ -357,7 +357,7 @@ fn recursive_detail_keeps_the_latest_summaries_that_fit() {
     let config = detail_config(0.0, true);
     let method = Detail::new(&config);
     let summary = "A summary of forty characters or so, yes.";
-    let context_tokens = 660;
+    let context_tokens = 690;
     let mut llm = SmallContext {
         inner: ScriptedLlm::new(&[summary; 6]),
         context_tokens,

@@ -3,10 +3,12 @@
 //! against the schema and applied in order. What is refused is kept with its
 //! reason, so a run can count duplicates, echoes and invalid lines apart.
 
+use super::grammar::MAX_STRING_CHARS;
 use super::{
     apply, parse_revisions, render_revision, Dropped, Op, Redundancy, Rejection, Revision, Schema,
     Screen,
 };
+use crate::sentences::split_sentences;
 use serde_json::Value;
 
 /// Why a revision, or part of one, was refused.
@@ -33,6 +35,30 @@ pub struct Refused {
     pub reason: String,
 }
 
+/// `revision` without the last sentence of each string that reached the
+/// grammar's length bound ([`MAX_STRING_CHARS`]) while holding more than one
+/// sentence: decoding stopped that sentence mid-word ("I showed him the en"),
+/// and a note ending in half a word reads as if it said something else, to
+/// the model that condenses the notes as to a person.
+fn without_cut_sentences(mut revision: Revision) -> Revision {
+    fn trim(value: &mut Value) {
+        match value {
+            Value::String(text) if text.chars().count() >= MAX_STRING_CHARS => {
+                let mut sentences = split_sentences(text);
+                if sentences.len() > 1 {
+                    sentences.pop();
+                    *text = sentences.join(" ");
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(trim),
+            Value::Object(members) => members.values_mut().for_each(trim),
+            _ => {}
+        }
+    }
+    trim(&mut revision.value);
+    revision
+}
+
 /// Parse the revisions in `output` and apply to `memory` each one that checks
 /// out against `schema`, in order; `update`s are refused unless `updates`.
 /// With a `screen`, the parts of a revision that the memory already holds or
@@ -49,7 +75,7 @@ pub fn apply_revisions(
     let mut rejected = Vec::new();
     for parsed in parse_revisions(output) {
         let revision = match parsed {
-            Ok(revision) => revision,
+            Ok(revision) => without_cut_sentences(revision),
             Err(reason) => {
                 rejected.push(Refused {
                     revision: None,
@@ -111,5 +137,36 @@ fn redundant(revision: &Revision, dropped: &Dropped) -> Refused {
             "{} {}: {why} {:?}",
             revision.op, revision.path, dropped.text
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::testing::rev;
+    use serde_json::json;
+
+    #[test]
+    fn a_string_cut_at_the_length_bound_loses_its_unfinished_sentence() {
+        let whole = "Mr. Vass arrived on the twentieth. He measured the tower.";
+        let filler = " He counted the oil drums.".repeat(MAX_STRING_CHARS / 20);
+        let cut = format!("{whole}{filler} I showed him the en");
+        assert!(cut.chars().count() >= MAX_STRING_CHARS);
+        let revision = rev(Op::Add, "$.events", json!([cut, "Short and whole"]));
+        let trimmed = without_cut_sentences(revision);
+        let kept = trimmed.value[0].as_str().unwrap();
+        assert!(kept.starts_with(whole), "{kept}");
+        assert!(kept.ends_with("He counted the oil drums."), "{kept}");
+        assert_eq!(trimmed.value[1], "Short and whole");
+    }
+
+    #[test]
+    fn a_long_single_sentence_is_kept_as_written() {
+        let one = format!(
+            "The log lists {} and more",
+            "casks ".repeat(MAX_STRING_CHARS / 6)
+        );
+        let revision = rev(Op::Add, "$.events", json!(one));
+        assert_eq!(without_cut_sentences(revision).value, json!(one));
     }
 }

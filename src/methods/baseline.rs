@@ -12,7 +12,7 @@ use std::time::Instant;
 /// The system turn of every call, the same for all three methods, so
 /// consecutive calls share at least it in the KV cache.
 pub const SYSTEM: &str =
-    "You write clear, faithful summaries of documents. You output only the summary, in plain prose.";
+    "You write clear, faithful summaries of documents that keep every name and decision. You output only the summary, in plain prose.";
 
 /// Words per token asked for when a summary must fit a token budget; the
 /// ratio BooookScore uses, which leaves room for words of several tokens.

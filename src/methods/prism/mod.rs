@@ -301,9 +301,14 @@ impl<'a> Prism<'a> {
         let stopped_before = stopped_before.into_inner();
         state.revision_steps_stopped += usize::from(stopped_before.is_some());
         let (applied, rejected) = self.fold(state, &completion.text);
+        // From the output as written: applying drops the sentence a string
+        // bound cut, and refused revisions were bound all the same.
         let capped = completion.usage.output_tokens >= self.config.revision_tokens
             || applied.len() + rejected.len() >= MAX_LINES
-            || applied.iter().any(binds_a_limit);
+            || parse_revisions(&completion.text)
+                .iter()
+                .flatten()
+                .any(binds_a_limit);
         state.revisions_applied += applied.len();
         for refusal in &rejected {
             match refusal.kind {

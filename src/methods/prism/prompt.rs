@@ -97,7 +97,7 @@ pub(super) const ANSWER_SYSTEM: &str =
 
 /// The request that closes every part of the final answer.
 pub(super) const SUMMARIZE_NOTES: &str =
-    "Summarize only these notes in 1 to 3 sentences of plain prose.\n";
+    "Summarize only these notes in 1 to 3 sentences of plain prose that keep every name and decision.\n";
 
 /// The whole final request when the memory holds nothing.
 pub(super) const EMPTY_MEMORY: &str = "No notes were kept while reading the document: say in one sentence that it gave nothing to note.\n";
