@@ -237,6 +237,20 @@ fn eight_concurrent_clients_each_get_their_own_answer() {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(together, alone);
+    // Four engines at once, their decode steps batched, answer the same.
+    let options = ServeOptions {
+        parallel: 4,
+        ..ServeOptions::default()
+    };
+    let (_parallel_server, parallel_base) = serve(&source, options);
+    let batched: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|ids| scope.spawn(|| complete_ids(&parallel_base, ids, 6)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(batched, alone);
 }
 
 #[test]

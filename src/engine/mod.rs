@@ -348,6 +348,12 @@ impl Engine {
         &self.format
     }
 
+    /// The model's text side, for a thread that builds prompts while the
+    /// engine works.
+    pub fn shared_format(&self) -> Arc<PromptFormat> {
+        Arc::clone(&self.format)
+    }
+
     /// See [`PromptFormat::text_prompt`].
     pub fn text_prompt(&self, text: &str) -> Result<Vec<u32>> {
         self.format.text_prompt(text)

@@ -1,11 +1,14 @@
 //! The threads that own the engines. Requests wait in one queue and start in
 //! the order they came, as many at a time as there are engines (`--parallel`),
-//! each continuing whichever cached sequence of its engine shares the most of
-//! its prompt. The engines are siblings, so their decode steps batch.
+//! each on the free engine whose cache shares the most of its prompt, where
+//! it continues whichever cached sequence shares the most. The engines are
+//! siblings, so their decode steps batch.
 
 use super::api::{ApiError, PromptInput};
+use crate::engine::prompt_format::PromptFormat;
 use crate::engine::{Engine, GenerateOptions, StopReason, Usage};
-use std::sync::{mpsc, Arc, Mutex};
+use std::cmp::Reverse;
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -38,56 +41,140 @@ pub struct Finished {
 }
 
 /// Start `parallel` engine threads, `engine` and siblings of it (see
-/// [`Engine::sibling`]), taking jobs from one queue in the order they came;
-/// they end when every sender of the queue is gone.
+/// [`Engine::sibling`]), and the thread that hands them the jobs of the
+/// returned queue; all end when every sender of the queue is gone.
 pub fn spawn(mut engine: Engine, parallel: usize) -> std::io::Result<mpsc::Sender<Job>> {
     let (queue, jobs) = mpsc::channel::<Job>();
-    let jobs = Arc::new(Mutex::new(jobs));
+    let format = engine.shared_format();
+    let vocab = engine.config().vocab_size;
     let mut engines = Vec::with_capacity(parallel.max(1));
     for _ in 1..parallel.max(1) {
         engines.push(engine.sibling().map_err(std::io::Error::other)?);
     }
     engines.push(engine);
+    let idle = Arc::new(Idle {
+        cached: Mutex::new(vec![Some(Vec::new()); engines.len()]),
+        freed: Condvar::new(),
+    });
+    let mut assign = Vec::with_capacity(engines.len());
     for (number, engine) in engines.into_iter().enumerate() {
-        let jobs = Arc::clone(&jobs);
+        let (send, receive) = mpsc::channel();
+        assign.push(send);
+        let idle = Arc::clone(&idle);
         std::thread::Builder::new()
             .name(format!("prism-engine-{number}"))
-            .spawn(move || serve(engine, &jobs))?;
+            .spawn(move || serve(engine, number, receive, &idle))?;
     }
+    std::thread::Builder::new()
+        .name("prism-dispatch".into())
+        .spawn(move || dispatch(jobs, &format, vocab, &assign, &idle))?;
     Ok(queue)
 }
 
-/// One engine thread: the next job in the queue, until the queue closes.
-fn serve(mut engine: Engine, jobs: &Mutex<mpsc::Receiver<Job>>) {
-    loop {
-        // The lock is held only while waiting for the next job, so each job
-        // goes to the first engine that is free.
-        let next = match jobs.lock() {
-            Ok(jobs) => jobs.recv(),
-            Err(_) => return,
-        };
-        let Ok(job) = next else {
-            return;
-        };
-        if job.events.is_closed() {
-            continue;
+/// A job with its prompt as token ids, handed to one engine.
+struct Assigned {
+    job: Job,
+    prompt: Vec<u32>,
+}
+
+/// Which engines are free, each with the tokens its cache holds.
+struct Idle {
+    /// `None` while the engine runs a job.
+    cached: Mutex<Vec<Option<Vec<u32>>>>,
+    freed: Condvar,
+}
+
+impl Idle {
+    /// Wait for a free engine and take the one whose cache shares the most
+    /// of `prompt` (the lowest-numbered on a tie); `None` if an engine thread
+    /// panicked while holding the lock.
+    fn take_best(&self, prompt: &[u32]) -> Option<usize> {
+        let mut cached = self.cached.lock().ok()?;
+        loop {
+            let best = cached
+                .iter()
+                .enumerate()
+                .filter_map(|(number, tokens)| {
+                    let tokens = tokens.as_ref()?;
+                    let shared = tokens
+                        .iter()
+                        .zip(prompt)
+                        .take_while(|(a, b)| a == b)
+                        .count();
+                    Some((shared, Reverse(number)))
+                })
+                .max();
+            if let Some((_, Reverse(number))) = best {
+                cached[number] = None;
+                return Some(number);
+            }
+            cached = self.freed.wait(cached).ok()?;
         }
-        let result = if Instant::now() >= job.deadline {
-            Err(ApiError::timeout())
-        } else {
-            run(&mut engine, &job)
-        };
-        // The client may have gone meanwhile; nobody is left to tell.
-        let _ = job.events.send(Event::Done(result));
+    }
+
+    fn release(&self, number: usize, tokens: Vec<u32>) {
+        if let Ok(mut cached) = self.cached.lock() {
+            cached[number] = Some(tokens);
+            self.freed.notify_one();
+        }
     }
 }
 
-fn run(engine: &mut Engine, job: &Job) -> Result<Finished, ApiError> {
-    let prompt = match &job.prompt {
-        PromptInput::Chat(messages) => engine.chat_prompt(messages)?,
-        PromptInput::Text(text) => engine.text_prompt(text)?,
+/// Jobs start in the order they came, each on the free engine whose cache
+/// shares the most of its prompt: a client's next request, which extends
+/// its last, goes back to the engine that holds it.
+fn dispatch(
+    jobs: mpsc::Receiver<Job>,
+    format: &PromptFormat,
+    vocab: usize,
+    engines: &[mpsc::Sender<Assigned>],
+    idle: &Idle,
+) {
+    for job in jobs {
+        if job.events.is_closed() {
+            continue;
+        }
+        let prompt = match prompt_ids(format, vocab, &job.prompt) {
+            Ok(prompt) => prompt,
+            Err(err) => {
+                let _ = job.events.send(Event::Done(Err(err)));
+                continue;
+            }
+        };
+        let Some(number) = idle.take_best(&prompt) else {
+            return;
+        };
+        if engines[number].send(Assigned { job, prompt }).is_err() {
+            return;
+        }
+    }
+}
+
+/// One engine thread: the jobs handed to it, until the dispatcher is gone.
+fn serve(mut engine: Engine, number: usize, jobs: mpsc::Receiver<Assigned>, idle: &Idle) {
+    for Assigned { job, prompt } in jobs {
+        if !job.events.is_closed() {
+            let result = if Instant::now() >= job.deadline {
+                Err(ApiError::timeout())
+            } else {
+                run(&mut engine, &job, &prompt)
+            };
+            // The client may have gone meanwhile; nobody is left to tell.
+            let _ = job.events.send(Event::Done(result));
+        }
+        idle.release(number, engine.cached_tokens().to_vec());
+    }
+}
+
+fn prompt_ids(
+    format: &PromptFormat,
+    vocab: usize,
+    prompt: &PromptInput,
+) -> Result<Vec<u32>, ApiError> {
+    Ok(match prompt {
+        PromptInput::Chat(messages) => format.chat_prompt(messages)?,
+        PromptInput::Text(text) => format.text_prompt(text)?,
         PromptInput::Ids(ids) => {
-            let vocab = engine.config().vocab_size;
             if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
                 return Err(ApiError::invalid(format!(
                     "token id {bad} is outside the model's vocabulary of {vocab}"
@@ -95,7 +182,10 @@ fn run(engine: &mut Engine, job: &Job) -> Result<Finished, ApiError> {
             }
             ids.clone()
         }
-    };
+    })
+}
+
+fn run(engine: &mut Engine, job: &Job, prompt: &[u32]) -> Result<Finished, ApiError> {
     let tokenizer = engine.tokenizer().clone();
     let mut stream = TextStream::new(&job.options.stop, job.options.sampling.loop_guard);
     let mut on_tokens = |tokens: &[u32], usage: &Usage| {
@@ -108,7 +198,7 @@ fn run(engine: &mut Engine, job: &Job) -> Result<Finished, ApiError> {
         }
         !job.events.is_closed() && Instant::now() < job.deadline
     };
-    let generation = engine.generate_streaming(&prompt, &job.options, &mut on_tokens)?;
+    let generation = engine.generate_streaming(prompt, &job.options, &mut on_tokens)?;
     if generation.stop_reason == StopReason::Cancelled && Instant::now() >= job.deadline {
         return Err(ApiError::timeout());
     }
@@ -186,4 +276,42 @@ fn last_unit_end(text: &str) -> usize {
             _ => false,
         })
         .map_or(0, |at| at + 1)
+}
+
+#[cfg(test)]
+mod dispatch_tests {
+    use super::Idle;
+    use std::sync::{Condvar, Mutex};
+
+    fn idle(cached: Vec<Option<Vec<u32>>>) -> Idle {
+        Idle {
+            cached: Mutex::new(cached),
+            freed: Condvar::new(),
+        }
+    }
+
+    #[test]
+    fn a_job_goes_to_the_free_engine_that_holds_most_of_its_prompt() {
+        let engines = idle(vec![Some(vec![1, 2, 3]), Some(vec![4, 5]), Some(vec![])]);
+        assert_eq!(engines.take_best(&[4, 5, 6]), Some(1));
+        assert_eq!(engines.take_best(&[4, 5, 7]), Some(0), "engine 1 is busy");
+        assert_eq!(engines.take_best(&[9]), Some(2));
+    }
+
+    #[test]
+    fn a_tie_goes_to_the_lowest_numbered_engine() {
+        let engines = idle(vec![Some(vec![1]), Some(vec![1])]);
+        assert_eq!(engines.take_best(&[1, 2]), Some(0));
+    }
+
+    #[test]
+    fn with_every_engine_busy_the_job_waits_for_the_next_one_freed() {
+        let engines = idle(vec![None, None]);
+        std::thread::scope(|scope| {
+            let waiting = scope.spawn(|| engines.take_best(&[7, 8]));
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            engines.release(1, vec![7]);
+            assert_eq!(waiting.join().unwrap(), Some(1));
+        });
+    }
 }
