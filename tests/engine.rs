@@ -2,6 +2,7 @@
 //! those of a fresh cache, for every shape of overlap between prompts.
 
 use crate::common::{write_tiny_model, TinyArch, TINY_CONTEXT, TINY_VOCAB};
+use prism::engine::kv_cache::KvDtype;
 use prism::engine::source::ModelSource;
 use prism::engine::{Engine, GenerateOptions, LoadOptions};
 use rand::{Rng, SeedableRng};
@@ -9,12 +10,20 @@ use rand::{Rng, SeedableRng};
 const TOLERANCE: f32 = 1e-4;
 
 fn load_tiny(arch: TinyArch, dir: &tempfile::TempDir) -> Engine {
+    load_tiny_storing(arch, dir, KvDtype::F32)
+}
+
+fn load_tiny_storing(arch: TinyArch, dir: &tempfile::TempDir, kv_dtype: KvDtype) -> Engine {
     write_tiny_model(dir.path(), arch, 17);
     let source = ModelSource::HfDir {
         dir: dir.path().to_path_buf(),
         name: format!("tiny-{arch:?}"),
     };
-    Engine::load(&source, &LoadOptions::default()).expect("tiny model loads")
+    let options = LoadOptions {
+        kv_dtype,
+        ..LoadOptions::default()
+    };
+    Engine::load(&source, &options).expect("tiny model loads")
 }
 
 fn max_abs_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
@@ -62,9 +71,13 @@ fn expected_reuse(first: &[u32], second: &[u32]) -> usize {
 }
 
 fn reuse_matches_fresh_cache(arch: TinyArch) {
+    reuse_matches_fresh_cache_storing(arch, KvDtype::F32);
+}
+
+fn reuse_matches_fresh_cache_storing(arch: TinyArch, kv_dtype: KvDtype) {
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut cached = load_tiny(arch, &dir_a);
-    let mut fresh = load_tiny(arch, &dir_b);
+    let mut cached = load_tiny_storing(arch, &dir_a, kv_dtype);
+    let mut fresh = load_tiny_storing(arch, &dir_b, kv_dtype);
     fresh.set_prefix_cache(false);
     let mut rng = rand::rngs::StdRng::seed_from_u64(2024);
     for round in 0..40 {
@@ -402,4 +415,36 @@ fn llama_sequences_side_by_side_match_each_alone() {
 #[test]
 fn qwen2_sequences_side_by_side_match_each_alone() {
     side_by_side_matches_alone(TinyArch::Qwen2);
+}
+
+/// A 16-bit cache rounds every key and value, cached or not, so reuse
+/// still agrees with a fresh cache of the same dtype to 1e-4.
+#[test]
+fn with_a_16_bit_cache_reuse_still_equals_a_fresh_cache() {
+    reuse_matches_fresh_cache_storing(TinyArch::Llama, KvDtype::F16);
+    reuse_matches_fresh_cache_storing(TinyArch::Qwen2, KvDtype::Bf16);
+}
+
+/// Against f32 storage the rounding shows: prompt and decode logits stay
+/// within the bound the README gives for `--kv-dtype f16` and `bf16`.
+#[test]
+fn a_16_bit_cache_keeps_logits_near_the_f32_ones() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let prompt = random_tokens(&mut rng, 60..61);
+    let steps = random_tokens(&mut rng, 10..11);
+    let dir = tempfile::tempdir().unwrap();
+    let mut exact = load_tiny(TinyArch::Llama, &dir);
+    let prompt_f32 = exact.prefill(&prompt).unwrap().0;
+    let decode_f32 = exact.extend(&steps).unwrap();
+    for (kv_dtype, bound) in [(KvDtype::F16, 1e-3), (KvDtype::Bf16, 1e-2)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rounded = load_tiny_storing(TinyArch::Llama, &dir, kv_dtype);
+        let prompt_diff = max_abs_diff(&prompt_f32, &rounded.prefill(&prompt).unwrap().0);
+        let decode_diff = max_abs_diff(&decode_f32, &rounded.extend(&steps).unwrap());
+        assert!(prompt_diff > 0.0, "{kv_dtype:?} changed nothing");
+        assert!(
+            prompt_diff <= bound && decode_diff <= bound,
+            "{kv_dtype:?}: prompt logits differ by {prompt_diff}, decode by {decode_diff}"
+        );
+    }
 }

@@ -734,7 +734,7 @@ fn loaded_judge<'a>(judge: &'a mut Option<Engine>, judging: &Judging) -> Result<
             let source = models::resolve(&judging.judge_model)?;
             let options = LoadOptions {
                 device: judging.device,
-                prefill_weights: None,
+                ..LoadOptions::default()
             };
             Ok(judge.insert(Engine::load(&source, &options)?))
         }

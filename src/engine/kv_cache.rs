@@ -12,6 +12,61 @@ use candle_core::{DType, Device, Tensor};
 
 const INITIAL_CAPACITY: usize = 256;
 
+/// How the cache stores keys and values (`--kv-dtype`). Attention always
+/// computes in f32; a 16-bit cache halves the memory a long context takes
+/// and the bytes each decode step reads, and rounds every key and value to
+/// 16 bits, so logits move from f32's by more than the 1e-4 that cached and
+/// uncached runs agree to (see the README).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvDtype {
+    #[default]
+    F32,
+    F16,
+    Bf16,
+}
+
+impl KvDtype {
+    pub fn dtype(self) -> DType {
+        match self {
+            KvDtype::F32 => DType::F32,
+            KvDtype::F16 => DType::F16,
+            KvDtype::Bf16 => DType::BF16,
+        }
+    }
+
+    /// As `--kv-dtype` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+            KvDtype::Bf16 => "bf16",
+        }
+    }
+
+    /// For `skip_serializing_if`: identities and fingerprints written before
+    /// the choice existed stay as they were.
+    pub(crate) fn is_f32(&self) -> bool {
+        *self == KvDtype::F32
+    }
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = crate::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "f32" => Ok(KvDtype::F32),
+            "f16" => Ok(KvDtype::F16),
+            "bf16" => Ok(KvDtype::Bf16),
+            other => Err(crate::Error::invalid(
+                "--kv-dtype",
+                format!("`{other}` is not one of f32, f16, bf16"),
+            )),
+        }
+    }
+}
+
 /// One layer's keys and values; positions `0..len` are valid.
 #[derive(Debug, Clone)]
 struct LayerCache {

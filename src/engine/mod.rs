@@ -31,6 +31,7 @@ use candle_core::Tensor;
 use chat::ChatMessage;
 use constraint::{Grammar, Grammars};
 use device::DeviceChoice;
+use kv_cache::KvDtype;
 use model::{Config, Pass, PrefillWeights, Transformer, WeightFile};
 use prompt_cache::PromptCache;
 use prompt_format::PromptFormat;
@@ -90,6 +91,7 @@ pub struct LoadOptions {
     /// `None` picks dense prefill weights when their f32 copy stays under
     /// [`DENSE_PREFILL_LIMIT_BYTES`].
     pub prefill_weights: Option<PrefillWeights>,
+    pub kv_dtype: KvDtype,
 }
 
 /// The largest f32 copy of the matmul weights kept for prefill when the user
@@ -164,6 +166,8 @@ pub struct EngineIdentity {
     pub prefill_weights: PrefillWeights,
     /// Where it runs, resolved (never `Auto`): GPUs compute in bf16.
     pub device: DeviceChoice,
+    #[serde(skip_serializing_if = "KvDtype::is_f32")]
+    pub kv_dtype: KvDtype,
     pub prefix_cache: bool,
     pub cache_slots: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -176,12 +180,14 @@ impl EngineIdentity {
         model_sha256: String,
         prefill_weights: PrefillWeights,
         device: DeviceChoice,
+        kv_dtype: KvDtype,
     ) -> Self {
         EngineIdentity {
             model: model.to_string(),
             model_sha256,
             prefill_weights,
             device,
+            kv_dtype,
             prefix_cache: true,
             cache_slots: 1,
             cache_bytes: None,
@@ -218,9 +224,20 @@ impl Engine {
                     PromptFormat::new(name, Tokenizer::from_gguf(&content, name)?, &config)?;
                 let mut weights = WeightFile::gguf(path, content, file);
                 let prefill = choose_prefill_weights(&config, options);
-                let model = Transformer::new(config, &mut weights, prefill, &device)?;
-                let identity =
-                    EngineIdentity::new(name, source::sha256_file(path)?, prefill, chosen);
+                let model = Transformer::new(
+                    config,
+                    &mut weights,
+                    prefill,
+                    options.kv_dtype.dtype(),
+                    &device,
+                )?;
+                let identity = EngineIdentity::new(
+                    name,
+                    source::sha256_file(path)?,
+                    prefill,
+                    chosen,
+                    options.kv_dtype,
+                );
                 Engine::new(identity, model, format)
             }
             ModelSource::HfDir { dir, name } => {
@@ -232,13 +249,19 @@ impl Engine {
                 let files = safetensors_files(dir)?;
                 let mut weights = WeightFile::safetensors(dir, &files, &device)?;
                 let prefill = choose_prefill_weights(&config, options);
-                let model = Transformer::new(config, &mut weights, prefill, &device)?;
+                let model = Transformer::new(
+                    config,
+                    &mut weights,
+                    prefill,
+                    options.kv_dtype.dtype(),
+                    &device,
+                )?;
                 let mut digests = vec![source::sha256_file(&config_path)?];
                 for file in &files {
                     digests.push(source::sha256_file(file)?);
                 }
                 let digest = format!("{:x}", Sha256::digest(digests.concat()));
-                let identity = EngineIdentity::new(name, digest, prefill, chosen);
+                let identity = EngineIdentity::new(name, digest, prefill, chosen, options.kv_dtype);
                 Engine::new(identity, model, format)
             }
         }

@@ -12,7 +12,7 @@
 //! computed afresh. The total stays within a byte budget; the entries used
 //! least recently go first.
 
-use super::kv_cache::KvCache;
+use super::kv_cache::{KvCache, KvDtype};
 use crate::error::{Error, Result};
 use candle_core::safetensors::Load;
 use serde::{Deserialize, Serialize};
@@ -73,14 +73,32 @@ impl Hit {
 impl PromptCache {
     /// The cache of the model whose weights hash to `model_sha256`, in `root`,
     /// keeping at most `budget_bytes` of entries. Creates the directory.
-    pub fn open(root: &Path, budget_bytes: u64, model_sha256: &str) -> Result<Self> {
-        let short = model_sha256.get(..16).unwrap_or(model_sha256);
+    pub fn open(
+        root: &Path,
+        budget_bytes: u64,
+        model_sha256: &str,
+        kv_dtype: KvDtype,
+    ) -> Result<Self> {
+        // A cache of another dtype is another model's as far as entries go:
+        // its own folder, and its name in each file's metadata.
+        let model = match kv_dtype {
+            KvDtype::F32 => model_sha256.to_string(),
+            other => format!("{model_sha256}-{}", other.name()),
+        };
+        let short = match kv_dtype {
+            KvDtype::F32 => model_sha256.get(..16).unwrap_or(model_sha256).to_string(),
+            other => format!(
+                "{}-{}",
+                model_sha256.get(..16).unwrap_or(model_sha256),
+                other.name()
+            ),
+        };
         let dir = root.join(short);
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         Ok(PromptCache {
             dir,
             budget_bytes,
-            model_sha256: model_sha256.to_string(),
+            model_sha256: model,
         })
     }
 

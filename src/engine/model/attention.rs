@@ -6,7 +6,9 @@
 //! into one matrix, so keys and values are read straight from the cache,
 //! never copied or repeated per query head.
 
-use candle_core::{DType, Device, Layout, Result, Storage, Tensor};
+use candle_core::{CpuStorage, DType, Device, Layout, Result, Storage, Tensor};
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
 use rayon::prelude::*;
 
 /// The additive causal mask for `seq` queries at the last positions of `total`:
@@ -89,11 +91,12 @@ pub fn decode_attention(
         candle_core::bail!("{count} queries for {} caches", caches.len());
     }
     let queries = queries.contiguous()?;
-    let on_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == DType::F32;
-    let all_on_cpu = on_cpu(&queries)
+    let on_cpu = |t: &Tensor, dtypes: &[DType]| t.device().is_cpu() && dtypes.contains(&t.dtype());
+    let cache_dtypes = [DType::F32, DType::F16, DType::BF16];
+    let all_on_cpu = on_cpu(&queries, &[DType::F32])
         && caches
             .iter()
-            .all(|(keys, values)| on_cpu(keys) && on_cpu(values));
+            .all(|(keys, values)| on_cpu(keys, &cache_dtypes) && on_cpu(values, &cache_dtypes));
     if !all_on_cpu {
         return decode_attention_by_ops(&queries, caches, scale);
     }
@@ -102,7 +105,10 @@ pub fn decode_attention(
         .iter()
         .map(|(keys, values)| (keys.storage_and_layout(), values.storage_and_layout()))
         .collect();
-    let q = &cpu_f32(&query_guard.0)?[query_guard.1.start_offset()..];
+    let q = match &*query_guard.0 {
+        Storage::Cpu(cpu) => &cpu.as_slice::<f32>()?[query_guard.1.start_offset()..],
+        _ => candle_core::bail!("decode attention reads CPU storage only"),
+    };
     let mut sequences = Vec::with_capacity(count);
     for (keys, values) in &guards {
         sequences.push((
@@ -165,22 +171,25 @@ fn decode_attention_by_ops(
     let mut outputs = Vec::with_capacity(caches.len());
     for (i, (keys, values)) in caches.iter().enumerate() {
         let query = queries.get(i)?.unsqueeze(0)?;
-        outputs.push(causal_attention(&query, keys, values, None, scale)?);
+        let keys = keys.to_dtype(query.dtype())?;
+        let values = values.to_dtype(query.dtype())?;
+        outputs.push(causal_attention(&query, &keys, &values, None, scale)?);
     }
     Tensor::cat(&outputs, 1)
 }
 
-fn cpu_f32(storage: &Storage) -> Result<&[f32]> {
-    match storage {
-        Storage::Cpu(cpu) => cpu.as_slice::<f32>(),
-        _ => candle_core::bail!("decode attention reads CPU storage only"),
-    }
+/// A cache tensor's storage, in the dtype it holds.
+#[derive(Clone, Copy)]
+enum RowData<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    Bf16(&'a [bf16]),
 }
 
 /// The rows of one cache tensor `(1, kv_heads, positions, head_dim)` as a
 /// slice of its storage, whatever its capacity beyond `positions`.
 struct Rows<'a> {
-    data: &'a [f32],
+    data: RowData<'a>,
     start: usize,
     head_stride: usize,
     row_stride: usize,
@@ -199,8 +208,16 @@ impl<'a> Rows<'a> {
                 layout.dims()
             );
         }
+        let Storage::Cpu(cpu) = storage else {
+            candle_core::bail!("decode attention reads CPU storage only");
+        };
+        let data = match cpu {
+            CpuStorage::F16(data) => RowData::F16(data),
+            CpuStorage::BF16(data) => RowData::Bf16(data),
+            _ => RowData::F32(cpu.as_slice::<f32>()?),
+        };
         Ok(Rows {
-            data: cpu_f32(storage)?,
+            data,
             start: layout.start_offset(),
             head_stride: stride[1],
             row_stride: stride[2],
@@ -210,9 +227,25 @@ impl<'a> Rows<'a> {
         })
     }
 
-    fn row(&self, head: usize, position: usize) -> &'a [f32] {
+    /// The row of `head` at `position` as f32: the stored floats, or a
+    /// 16-bit row widened into `scratch` (`d` floats).
+    fn row<'b>(&self, head: usize, position: usize, scratch: &'b mut [f32]) -> &'b [f32]
+    where
+        'a: 'b,
+    {
         let at = self.start + head * self.head_stride + position * self.row_stride;
-        &self.data[at..at + self.d]
+        let range = at..at + self.d;
+        match self.data {
+            RowData::F32(data) => &data[range],
+            RowData::F16(data) => {
+                data[range].convert_to_f32_slice(scratch);
+                scratch
+            }
+            RowData::Bf16(data) => {
+                data[range].convert_to_f32_slice(scratch);
+                scratch
+            }
+        }
     }
 }
 
@@ -255,8 +288,9 @@ impl Group<'_> {
         let groups = self.queries.len() / d;
         scores.clear();
         scores.resize(groups * positions, 0.0);
+        let mut scratch = vec![0f32; d];
         for j in 0..positions {
-            let key = self.keys.row(self.kv_head, j);
+            let key = self.keys.row(self.kv_head, j, &mut scratch);
             for (g, query) in self.queries.chunks_exact(d).enumerate() {
                 scores[g * positions + j] = dot::<FMA>(query, key) * self.scale;
             }
@@ -274,7 +308,7 @@ impl Group<'_> {
         }
         out.fill(0.0);
         for j in 0..positions {
-            let value = self.values.row(self.kv_head, j);
+            let value = self.values.row(self.kv_head, j, &mut scratch);
             for (g, out) in out.chunks_exact_mut(d).enumerate() {
                 let weight = scores[g * positions + j];
                 for (o, v) in out.iter_mut().zip(value) {

@@ -50,6 +50,8 @@ pub struct Transformer {
     norm: Tensor,
     lm_head: Linear,
     rope: Rope,
+    /// What the KV caches made by [`Transformer::new_cache`] store.
+    kv_dtype: DType,
     device: Device,
 }
 
@@ -59,6 +61,7 @@ impl Transformer {
         config: Config,
         weights: &mut WeightFile,
         prefill: PrefillWeights,
+        kv_dtype: DType,
         device: &Device,
     ) -> Result<Self> {
         let c = &config;
@@ -121,6 +124,7 @@ impl Transformer {
             norm,
             lm_head,
             rope,
+            kv_dtype,
             device: device.clone(),
         })
     }
@@ -140,7 +144,7 @@ impl Transformer {
             self.config.kv_heads,
             self.config.head_dim,
             self.config.context_tokens,
-            DType::F32,
+            self.kv_dtype,
             &self.device,
         )
     }
@@ -387,6 +391,9 @@ impl Transformer {
             .append(layer, &k, &v)
             .map_err(candle_core::Error::wrap)?;
         let scale = 1.0 / (c.head_dim as f64).sqrt();
+        // A 16-bit cache is widened for the prompt's matmuls (a no-op for f32).
+        let keys = keys.to_dtype(DType::F32)?;
+        let values = values.to_dtype(DType::F32)?;
         let out = causal_attention(&q, &keys, &values, mask, scale)?;
         attn.o_proj.forward(&out, pass)
     }

@@ -57,12 +57,12 @@ fn entry_files(dir: &Path) -> usize {
 fn a_stored_prefix_comes_back_exactly_in_another_instance() {
     let dir = tempfile::tempdir().unwrap();
     let tokens: Vec<u32> = (1..=40).collect();
-    PromptCache::open(dir.path(), 1 << 20, MODEL)
+    PromptCache::open(dir.path(), 1 << 20, MODEL, KvDtype::F32)
         .unwrap()
         .store(&cache_of(&tokens))
         .unwrap();
 
-    let later = PromptCache::open(dir.path(), 1 << 20, MODEL).unwrap();
+    let later = PromptCache::open(dir.path(), 1 << 20, MODEL, KvDtype::F32).unwrap();
     let mut prompt = tokens[..30].to_vec();
     prompt.extend([7, 7, 7]);
     let hit = later.longest_prefix(&prompt).unwrap().unwrap();
@@ -77,7 +77,7 @@ fn a_stored_prefix_comes_back_exactly_in_another_instance() {
 #[test]
 fn the_longest_matching_entry_wins() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = PromptCache::open(dir.path(), 1 << 20, MODEL).unwrap();
+    let cache = PromptCache::open(dir.path(), 1 << 20, MODEL, KvDtype::F32).unwrap();
     cache.store(&cache_of(&[1, 2, 3, 4, 5, 6])).unwrap();
     cache.store(&cache_of(&[1, 2, 9, 9])).unwrap();
     let hit = cache.longest_prefix(&[1, 2, 3, 4, 8]).unwrap().unwrap();
@@ -89,7 +89,7 @@ fn the_longest_matching_entry_wins() {
 #[test]
 fn a_longer_sequence_replaces_its_prefix_and_a_prefix_adds_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = PromptCache::open(dir.path(), 1 << 20, MODEL).unwrap();
+    let cache = PromptCache::open(dir.path(), 1 << 20, MODEL, KvDtype::F32).unwrap();
     cache.store(&cache_of(&[1, 2, 3])).unwrap();
     cache.store(&cache_of(&[1, 2, 3, 4, 5])).unwrap();
     assert_eq!(entry_files(dir.path()), 1);
@@ -108,7 +108,7 @@ fn a_longer_sequence_replaces_its_prefix_and_a_prefix_adds_nothing() {
 #[test]
 fn a_corrupt_file_is_refused_deleted_and_the_cache_left_as_it_was() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = PromptCache::open(dir.path(), 1 << 20, MODEL).unwrap();
+    let cache = PromptCache::open(dir.path(), 1 << 20, MODEL, KvDtype::F32).unwrap();
     let tokens: Vec<u32> = (1..=20).collect();
     cache.store(&cache_of(&tokens)).unwrap();
     let path = cache.path_of(&token_key(&tokens));
@@ -136,9 +136,9 @@ fn a_corrupt_file_is_refused_deleted_and_the_cache_left_as_it_was() {
 #[test]
 fn another_models_file_is_refused_even_under_this_models_index() {
     let dir = tempfile::tempdir().unwrap();
-    let theirs = PromptCache::open(dir.path(), 1 << 20, OTHER_MODEL).unwrap();
+    let theirs = PromptCache::open(dir.path(), 1 << 20, OTHER_MODEL, KvDtype::F32).unwrap();
     theirs.store(&cache_of(&[1, 2, 3])).unwrap();
-    let ours = PromptCache::open(dir.path(), 1 << 20, MODEL).unwrap();
+    let ours = PromptCache::open(dir.path(), 1 << 20, MODEL, KvDtype::F32).unwrap();
     for file in std::fs::read_dir(&theirs.dir).unwrap() {
         let file = file.unwrap();
         std::fs::copy(file.path(), ours.dir.join(file.file_name())).unwrap();
@@ -151,7 +151,7 @@ fn another_models_file_is_refused_even_under_this_models_index() {
 #[test]
 fn a_file_of_another_shape_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = PromptCache::open(dir.path(), 1 << 20, MODEL).unwrap();
+    let cache = PromptCache::open(dir.path(), 1 << 20, MODEL, KvDtype::F32).unwrap();
     cache.store(&cache_of(&[1, 2, 3])).unwrap();
     let hit = cache.longest_prefix(&[1, 2, 3]).unwrap().unwrap();
     let mut wider = KvCache::new(2, 2, 4, 4096, DType::F32, &Device::Cpu);
@@ -167,9 +167,15 @@ fn a_file_of_another_shape_is_refused() {
 #[test]
 fn the_least_recently_used_entries_go_first_when_over_budget() {
     let dir = tempfile::tempdir().unwrap();
-    let probe = PromptCache::open(dir.path(), 1 << 20, MODEL).unwrap();
+    let probe = PromptCache::open(dir.path(), 1 << 20, MODEL, KvDtype::F32).unwrap();
     let one_entry = probe.encode(&cache_of(&[1, 2, 3, 4])).unwrap().len() as u64;
-    let cache = PromptCache::open(dir.path(), 2 * one_entry + one_entry / 2, MODEL).unwrap();
+    let cache = PromptCache::open(
+        dir.path(),
+        2 * one_entry + one_entry / 2,
+        MODEL,
+        KvDtype::F32,
+    )
+    .unwrap();
     cache.store(&cache_of(&[1, 1, 1, 1])).unwrap();
     cache.store(&cache_of(&[2, 2, 2, 2])).unwrap();
     // Using the first makes the second the least recently used.
@@ -185,7 +191,7 @@ fn the_least_recently_used_entries_go_first_when_over_budget() {
 #[test]
 fn a_sequence_larger_than_the_budget_is_not_stored() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = PromptCache::open(dir.path(), 100, MODEL).unwrap();
+    let cache = PromptCache::open(dir.path(), 100, MODEL, KvDtype::F32).unwrap();
     cache.store(&cache_of(&[1, 2, 3])).unwrap();
     assert_eq!(entry_files(dir.path()), 0);
 }
@@ -193,7 +199,7 @@ fn a_sequence_larger_than_the_budget_is_not_stored() {
 #[test]
 fn an_unreadable_index_starts_afresh_and_drops_the_files_it_named() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = PromptCache::open(dir.path(), 1 << 20, MODEL).unwrap();
+    let cache = PromptCache::open(dir.path(), 1 << 20, MODEL, KvDtype::F32).unwrap();
     cache.store(&cache_of(&[1, 2, 3])).unwrap();
     std::fs::write(cache.dir.join(INDEX), "{ not json").unwrap();
     assert_eq!(cache.longest_prefix(&[1, 2, 3]).unwrap(), None);
