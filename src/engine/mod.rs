@@ -216,29 +216,15 @@ impl Engine {
     pub fn load(source: &ModelSource, options: &LoadOptions) -> Result<Self> {
         let chosen = device::resolve(options.device);
         let device = device::open(chosen)?;
-        match source {
+        let (name, config, format, mut weights, digest) = match source {
             ModelSource::Gguf { path, name } => {
                 let (content, file) = read_gguf_header(path)?;
                 let config = Config::from_gguf(&content, path)?;
                 let format =
                     PromptFormat::new(name, Tokenizer::from_gguf(&content, name)?, &config)?;
-                let mut weights = WeightFile::gguf(path, content, file);
-                let prefill = choose_prefill_weights(&config, options);
-                let model = Transformer::new(
-                    config,
-                    &mut weights,
-                    prefill,
-                    options.kv_dtype.dtype(),
-                    &device,
-                )?;
-                let identity = EngineIdentity::new(
-                    name,
-                    source::sha256_file(path)?,
-                    prefill,
-                    chosen,
-                    options.kv_dtype,
-                );
-                Engine::new(identity, model, format)
+                let digest = source::sha256_file(path)?;
+                let weights = WeightFile::gguf(path, content, file);
+                (name, config, format, weights, digest)
             }
             ModelSource::HfDir { dir, name } => {
                 let config_path = dir.join("config.json");
@@ -247,24 +233,20 @@ impl Engine {
                 let config = Config::from_hf_json(&json, &config_path)?;
                 let format = PromptFormat::new(name, Tokenizer::from_hf_dir(dir)?, &config)?;
                 let files = safetensors_files(dir)?;
-                let mut weights = WeightFile::safetensors(dir, &files, &device)?;
-                let prefill = choose_prefill_weights(&config, options);
-                let model = Transformer::new(
-                    config,
-                    &mut weights,
-                    prefill,
-                    options.kv_dtype.dtype(),
-                    &device,
-                )?;
                 let mut digests = vec![source::sha256_file(&config_path)?];
                 for file in &files {
                     digests.push(source::sha256_file(file)?);
                 }
                 let digest = format!("{:x}", Sha256::digest(digests.concat()));
-                let identity = EngineIdentity::new(name, digest, prefill, chosen, options.kv_dtype);
-                Engine::new(identity, model, format)
+                let weights = WeightFile::safetensors(dir, &files, &device)?;
+                (name, config, format, weights, digest)
             }
-        }
+        };
+        let prefill = choose_prefill_weights(&config, options);
+        let kv_dtype = options.kv_dtype;
+        let model = Transformer::new(config, &mut weights, prefill, kv_dtype.dtype(), &device)?;
+        let identity = EngineIdentity::new(name, digest, prefill, chosen, kv_dtype);
+        Engine::new(identity, model, format)
     }
 
     fn new(identity: EngineIdentity, model: Transformer, format: PromptFormat) -> Result<Self> {
