@@ -67,6 +67,12 @@ impl std::str::FromStr for KvDtype {
     }
 }
 
+/// Length of the longest common prefix of two token sequences: what a
+/// cache holding one can reuse for the other.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 /// One layer's keys and values; positions `0..len` are valid.
 #[derive(Debug, Clone)]
 struct LayerCache {
@@ -135,11 +141,7 @@ impl KvCache {
 
     /// Length of the longest common prefix of `prompt` and the cached tokens.
     pub fn common_prefix(&self, prompt: &[u32]) -> usize {
-        self.tokens
-            .iter()
-            .zip(prompt)
-            .take_while(|(cached, new)| cached == new)
-            .count()
+        common_prefix(&self.tokens, prompt)
     }
 
     /// Forget every position from `len` on. The storage stays allocated.

@@ -12,7 +12,7 @@
 //! computed afresh. The total stays within a byte budget; the entries used
 //! least recently go first.
 
-use super::kv_cache::{KvCache, KvDtype};
+use super::kv_cache::{common_prefix, KvCache, KvDtype};
 use crate::error::{Error, Result};
 use candle_core::safetensors::Load;
 use serde::{Deserialize, Serialize};
@@ -340,10 +340,6 @@ fn token_key(tokens: &[u32]) -> String {
         hasher.update(token.to_le_bytes());
     }
     format!("{:x}", hasher.finalize())
-}
-
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 #[cfg(test)]

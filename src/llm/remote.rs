@@ -9,6 +9,7 @@
 use super::{Completion, Llm, Prompt};
 use crate::engine::chat::ChatMessage;
 use crate::engine::constraint::Grammar;
+use crate::engine::kv_cache::common_prefix;
 use crate::engine::prompt_format::PromptFormat;
 use crate::engine::{first_refused_line, GenerateOptions, LineCheck, Usage};
 use crate::error::{Error, Result};
@@ -314,10 +315,6 @@ fn error_message(body: &str) -> String {
         .ok()
         .and_then(|value| value["error"]["message"].as_str().map(str::to_string))
         .unwrap_or_else(|| body.chars().take(300).collect())
-}
-
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// The request fields every engine shares: model, length, stop strings and

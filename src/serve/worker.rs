@@ -5,6 +5,7 @@
 //! siblings, so their decode steps batch.
 
 use super::api::{ApiError, PromptInput};
+use crate::engine::kv_cache::common_prefix;
 use crate::engine::prompt_format::PromptFormat;
 use crate::engine::{Engine, GenerateOptions, StopReason, Usage};
 use std::cmp::Reverse;
@@ -95,12 +96,7 @@ impl Idle {
                 .iter()
                 .enumerate()
                 .filter_map(|(number, tokens)| {
-                    let tokens = tokens.as_ref()?;
-                    let shared = tokens
-                        .iter()
-                        .zip(prompt)
-                        .take_while(|(a, b)| a == b)
-                        .count();
+                    let shared = common_prefix(tokens.as_ref()?, prompt);
                     Some((shared, Reverse(number)))
                 })
                 .max();

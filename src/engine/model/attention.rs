@@ -79,8 +79,8 @@ const PARALLEL_SCORES: usize = 16_384;
 /// A decode step's attention is a few dot products per cached position. As
 /// tensor ops (two matmuls, a softmax, reshapes) per sequence its cost was
 /// mostly their overhead, more than half a step's time with many sequences;
-/// here each query head makes one pass over its cache rows, in place. Other
-/// devices and dtypes take the tensor-op path.
+/// here each query head makes one pass over its cache rows, in place, from
+/// an f32, f16 or bf16 cache. Other devices take the tensor-op path.
 pub fn decode_attention(
     queries: &Tensor,
     caches: &[(Tensor, Tensor)],
