@@ -10,8 +10,9 @@
 //! How it works:
 //!
 //! 1. The document is cut into *units* at the coarsest boundary that keeps each unit
-//!    within the budget: paragraphs (blank lines), then sentence ends, then
-//!    whitespace, then characters. Only a unit that is too large is cut finer, so a
+//!    within the budget: files (the headers [`FILE_HEADER`] opens when several
+//!    files are read as one document), then paragraphs (blank lines), then
+//!    sentence ends, then whitespace, then characters. Only a unit that is too large is cut finer, so a
 //!    book becomes mostly whole paragraphs with a few oversized ones in pieces.
 //! 2. Units are packed greedily: a chunk takes as many following units as fit.
 //!    A paragraph that fits the budget is never split, so a chunk ends early when
@@ -27,6 +28,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::document::FILE_HEADER;
 use crate::{Error, Result};
 
 /// One piece of a document, ready to be put into a prompt.
@@ -69,7 +71,7 @@ pub fn split(
     push_units(
         text,
         0..text.len(),
-        Level::Paragraph,
+        Level::File,
         chunk_tokens,
         count_tokens,
         &mut units,
@@ -88,6 +90,7 @@ struct Unit {
 /// Where a too-large piece of text may be cut, coarsest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Level {
+    File,
     Paragraph,
     Sentence,
     Word,
@@ -97,6 +100,7 @@ enum Level {
 impl Level {
     fn finer(self) -> Option<Level> {
         match self {
+            Level::File => Some(Level::Paragraph),
             Level::Paragraph => Some(Level::Sentence),
             Level::Sentence => Some(Level::Word),
             Level::Word => Some(Level::Char),
@@ -153,6 +157,10 @@ fn cut_points(level: Level, piece: &str) -> Vec<usize> {
     let inner_runs =
         || whitespace_runs(piece).filter(|&(start, end)| start > 0 && end < piece.len());
     match level {
+        Level::File => inner_runs()
+            .filter(|&(_, end)| piece[end..].starts_with(FILE_HEADER))
+            .map(|(_, end)| end)
+            .collect(),
         Level::Paragraph => inner_runs()
             .filter(|&(start, end)| piece[start..end].matches('\n').count() >= 2)
             .map(|(_, end)| end)
@@ -429,6 +437,22 @@ mod tests {
         assert_eq!(texts(&chunks), ["a b\n\nc d\n\n", "e f g\n \n\nh"]);
         assert_eq!(chunks[1].start_byte, 10);
         check(text, 4, &words, &chunks);
+    }
+
+    #[test]
+    fn a_file_that_fits_is_not_split_across_chunks() {
+        // Files of 5 and 10 words: packing by paragraphs alone would fill the
+        // first chunk with the second file's first paragraph.
+        let first = format!("{FILE_HEADER}a ===\nx\n\n");
+        let second = format!("{FILE_HEADER}b ===\nu\n\nv w x y z\n");
+        let text = format!("{first}{second}");
+        let chunks = split(&text, 10, &words).unwrap();
+        assert_eq!(texts(&chunks), [first.as_str(), second.as_str()]);
+        check(&text, 10, &words, &chunks);
+        // A file over the budget is cut at its paragraphs as before.
+        let chunks = split(&text, 3, &words).unwrap();
+        assert!(chunks.len() > 2);
+        check(&text, 3, &words, &chunks);
     }
 
     #[test]

@@ -55,6 +55,101 @@ pub fn expand_directories(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     Ok(documents)
 }
 
+/// What opens each file when several are read as one document, followed by
+/// the file's path and ` ===`. The chunker cuts before it first, so a chunk
+/// holds whole files wherever they fit.
+pub const FILE_HEADER: &str = "=== File: ";
+
+/// Read `paths` as one document, in order: a single file is read as it is;
+/// otherwise each file comes under a [`FILE_HEADER`] line with its path, and
+/// a directory stands for every text file below it, by path (hidden entries
+/// and files that are not UTF-8 text are left out). `max_bytes` bounds the
+/// whole.
+pub fn read_sources(paths: &[PathBuf], max_bytes: u64) -> Result<String> {
+    if let [path] = paths {
+        if !path.is_dir() {
+            return read_document(path, max_bytes);
+        }
+    }
+    let mut files = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            let start = files.len();
+            collect_tree(path, path, &mut files)?;
+            if files.len() == start {
+                return Err(Error::invalid(
+                    path.display().to_string(),
+                    "is a directory with no files in it",
+                ));
+            }
+        } else {
+            files.push((path.clone(), path.display().to_string(), true));
+        }
+    }
+    let too_large = || {
+        Error::invalid(
+            "the documents",
+            format!(
+                "are larger than {} MiB together; raise --max-document-mib",
+                max_bytes as f64 / f64::from(1 << 20)
+            ),
+        )
+    };
+    let mut document = String::new();
+    for (path, name, given) in files {
+        let size = fs::metadata(&path)
+            .map_err(|err| Error::io(&path, err))?
+            .len();
+        if document.len() as u64 + size > max_bytes {
+            return Err(too_large());
+        }
+        let text = match read_document(&path, max_bytes) {
+            Ok(text) => text,
+            // A file of a directory that is not text (an image, a compiled
+            // file) is skipped, as `git grep` skips binaries.
+            Err(Error::InvalidInput { .. }) if !given => continue,
+            Err(err) => return Err(err),
+        };
+        if !document.is_empty() {
+            document.push('\n');
+        }
+        document.push_str(&format!("{FILE_HEADER}{name} ===\n{}\n", text.trim_end()));
+    }
+    if document.len() as u64 > max_bytes {
+        return Err(too_large());
+    }
+    if document.is_empty() {
+        return Err(Error::invalid(
+            "the documents",
+            "hold no text file (binary and empty files are left out)",
+        ));
+    }
+    Ok(document)
+}
+
+/// Every visible file below `dir`, sorted by its path relative to `root`,
+/// as (path, that relative name, named by the user: false).
+fn collect_tree(root: &Path, dir: &Path, files: &mut Vec<(PathBuf, String, bool)>) -> Result<()> {
+    let mut entries = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|err| Error::io(dir, err))? {
+        let entry = entry.map_err(|err| Error::io(dir, err))?;
+        if !entry.file_name().to_string_lossy().starts_with('.') {
+            entries.push(entry.path());
+        }
+    }
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            collect_tree(root, &path, files)?;
+        } else if path.is_file() {
+            let name = path.strip_prefix(root).unwrap_or(&path);
+            let name = name.to_string_lossy().replace('\\', "/");
+            files.push((path, name, false));
+        }
+    }
+    Ok(())
+}
+
 /// Read the document at `path` as UTF-8 text, without a BOM and with LF line ends.
 ///
 /// Fails, naming the path, when the file is missing, is a directory or not a
@@ -157,6 +252,34 @@ mod tests {
             err.ends_with("is a directory with no documents in it"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_tree_is_read_as_one_document_with_a_header_per_text_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let package = dir.path().join("pkg");
+        fs::create_dir_all(package.join("sub")).unwrap();
+        fs::write(package.join("b.py"), "def b():\n    return 2\n\n\n").unwrap();
+        fs::write(package.join("a.py"), "def a():\n    return 1\n").unwrap();
+        fs::write(package.join("sub/c.py"), "C = 3").unwrap();
+        fs::write(package.join("logo.png"), b"\x89PNG\x00\x00").unwrap();
+        fs::write(package.join(".hidden.py"), "secret").unwrap();
+        let text = read_sources(std::slice::from_ref(&package), MAX_DOCUMENT_BYTES).unwrap();
+        assert_eq!(
+            text,
+            "=== File: a.py ===\ndef a():\n    return 1\n\n\
+             === File: b.py ===\ndef b():\n    return 2\n\n\
+             === File: sub/c.py ===\nC = 3\n"
+        );
+        // One file alone is read as it is, headerless, as `summarize` reads it.
+        let alone = read_sources(&[package.join("a.py")], MAX_DOCUMENT_BYTES).unwrap();
+        assert_eq!(alone, "def a():\n    return 1\n");
+        // A binary file the user names is refused, not skipped.
+        let named = [package.join("a.py"), package.join("logo.png")];
+        let err = read_sources(&named, MAX_DOCUMENT_BYTES).unwrap_err();
+        assert!(err.to_string().contains("logo.png"), "{err}");
+        let err = read_sources(&[package], 40).unwrap_err().to_string();
+        assert!(err.contains("larger than"), "{err}");
     }
 
     fn write(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
