@@ -504,6 +504,7 @@ fn whole_config(answer_tokens: usize) -> WholeConfig {
     WholeConfig {
         query: QUERY.into(),
         answer_tokens,
+        answer_form: prism::methods::AnswerForm::Summary,
     }
 }
 

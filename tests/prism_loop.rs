@@ -10,6 +10,7 @@ use prism::llm::Llm;
 use prism::memory::revise::RefusalKind;
 use prism::memory::{render_revision, Schema};
 use prism::methods::prism::{MemoryMode, Prism, PrismConfig, PrismFigures, PrismState, Step};
+use prism::methods::AnswerForm;
 use prism::run::dir::RunDir;
 use prism::run::{drive, NoProgress, Outcome};
 
@@ -25,6 +26,7 @@ fn config(memory: MemoryMode, updates: bool) -> PrismConfig {
         revision_tokens: 256,
         answer_tokens: 256,
         constrained: false,
+        answer_form: AnswerForm::Summary,
     }
 }
 

@@ -11,7 +11,7 @@ use prism::methods::hierarchical::HierarchicalConfig;
 use prism::methods::incremental::IncrementalConfig;
 use prism::methods::prism::{MemoryMode, PrismConfig};
 use prism::methods::whole::WholeConfig;
-use prism::methods::MethodSpec;
+use prism::methods::{AnswerForm, MethodSpec};
 use std::path::PathBuf;
 
 /// The methods `--method` accepts.
@@ -127,6 +127,7 @@ impl MethodArgs {
                     revision_tokens: self.revision_tokens,
                     answer_tokens: self.answer_tokens,
                     constrained: self.constrained == OnOff::On,
+                    answer_form: AnswerForm::Summary,
                 },
                 schema: self.schema_json()?,
             },
@@ -154,6 +155,7 @@ impl MethodArgs {
                     config: WholeConfig {
                         query: self.query.clone(),
                         answer_tokens: self.answer_tokens,
+                        answer_form: AnswerForm::Summary,
                     },
                 }
             }

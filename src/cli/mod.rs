@@ -82,6 +82,8 @@ enum Command {
     Models(models::ModelsArgs),
     /// Summarize a document far longer than the context, chunk by chunk.
     Summarize(Box<summarize::SummarizeArgs>),
+    /// Answer a query of your own over a long document, a set of files or a source tree (PRISM or whole).
+    Query(Box<summarize::QueryArgs>),
     /// Sweep methods × chunk sizes over a document: one run each, a report and charts.
     Bench(Box<bench::BenchArgs>),
     /// Measure prefill and decode speed and the gain from a cached prefix.
@@ -119,6 +121,12 @@ pub fn run() -> Result<()> {
         }
         Command::Models(args) => models::run(args),
         Command::Summarize(args) => summarize::run_summarize(*args),
+        Command::Query(args) => {
+            let sub = matches
+                .subcommand_matches("query")
+                .expect("clap matched the query subcommand");
+            summarize::run_query(*args, sub)
+        }
         Command::Bench(args) => {
             let sub = matches
                 .subcommand_matches("bench")

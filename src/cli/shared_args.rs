@@ -23,12 +23,19 @@ pub struct DocumentLimit {
 }
 
 impl DocumentLimit {
+    /// The limit in bytes.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_document_mib.saturating_mul(1 << 20)
+    }
+
     /// Read the document at `path` within this limit.
     pub fn read(&self, path: &std::path::Path) -> Result<String> {
-        Ok(prism::document::read_document(
-            path,
-            self.max_document_mib.saturating_mul(1 << 20),
-        )?)
+        Ok(prism::document::read_document(path, self.max_bytes())?)
+    }
+
+    /// Read `paths` as one document within this limit (`prism query`).
+    pub fn read_sources(&self, paths: &[std::path::PathBuf]) -> Result<String> {
+        Ok(prism::document::read_sources(paths, self.max_bytes())?)
     }
 }
 

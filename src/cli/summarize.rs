@@ -1,17 +1,21 @@
-//! `prism summarize`: read a document in chunks with a method and write the
-//! run directory (summary, per-step lines, stats, checkpoint, and whatever
-//! else the method keeps, such as PRISM's memory).
+//! `prism summarize` and `prism query`: read a document in chunks with a
+//! method and write the run directory (the answer, per-step lines, stats,
+//! checkpoint, and whatever else the method keeps, such as PRISM's memory).
+//! `summarize` is the summarization preset of the same run; `query` asks a
+//! query of its own and takes several files or a directory as one document.
 
 use super::method_args::{MethodArgs, MethodName};
 use super::progress::Bar;
 use super::{BackendArgs, DocumentLimit, SamplingArgs};
 use anyhow::Result;
-use clap::Args;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args};
 use prism::engine::sampling::SamplingConfig;
 use prism::job::{Document, Job};
+use prism::methods::MethodSpec;
 use prism::run::dir::RunDir;
 use prism::run::Outcome;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Args)]
 pub struct SummarizeArgs {
@@ -20,10 +24,31 @@ pub struct SummarizeArgs {
     /// How to summarize: PRISM, one of its baselines, or the whole document in one prompt.
     #[arg(long, value_enum, default_value = "prism")]
     method: MethodName,
-    /// Tokens per chunk; chunks end on paragraph or sentence boundaries.
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct QueryArgs {
+    /// The document: a UTF-8 text file, or several files or directories read as one document
+    /// in order, each file under a `=== File: PATH ===` line (a directory: every text file below
+    /// it, by path). Chunks keep whole files where they fit.
+    #[arg(required = true)]
+    documents: Vec<PathBuf>,
+    /// prism (its four variants through --memory and --no-updates), or whole, the document in one prompt.
+    #[arg(long, value_enum, default_value = "prism")]
+    method: MethodName,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// What a run needs besides its document and method.
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Tokens per chunk; chunks end on file, paragraph or sentence boundaries.
     #[arg(long, default_value_t = 2048)]
     chunk_tokens: usize,
-    /// The run directory: summary.txt, steps.jsonl, stats.json, checkpoint.json, and memory.json for methods with a memory.
+    /// The run directory: summary.txt (the answer), steps.jsonl, stats.json, checkpoint.json, and memory.json for methods with a memory.
     #[arg(long)]
     out: PathBuf,
     /// Continue the interrupted run in --out.
@@ -46,7 +71,39 @@ pub struct SummarizeArgs {
 }
 
 pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
-    let spec = args.method_args.spec(args.method)?;
+    let spec = args.run.method_args.spec(args.method)?;
+    let text = args.run.document_limit.read(&args.document)?;
+    run_job(&args.run, spec, &args.document, &text)
+}
+
+/// `prism query`: the query and schema must be the user's own, since the
+/// defaults are the summarization preset's.
+pub fn run_query(args: QueryArgs, matches: &ArgMatches) -> Result<()> {
+    for (id, flag) in [("query", "--query"), ("schema", "--schema")] {
+        anyhow::ensure!(
+            matches.value_source(id) == Some(ValueSource::CommandLine),
+            "prism query needs {flag}; to summarize with the defaults, use prism summarize"
+        );
+    }
+    let spec = args
+        .run
+        .method_args
+        .spec(args.method)?
+        .answering(&args.run.method_args.query)
+        .ok_or_else(|| {
+            anyhow::anyhow!("prism query runs --method prism or whole; the other methods summarize")
+        })?;
+    let text = args.run.document_limit.read_sources(&args.documents)?;
+    let name = match args.documents.as_slice() {
+        [one] => one.clone(),
+        _ => PathBuf::from(format!("{} inputs", args.documents.len())),
+    };
+    run_job(&args.run, spec, &name, &text)
+}
+
+/// Split `text` (read from `source`) for `spec`, run it into `--out` and
+/// print its answer.
+fn run_job(args: &RunArgs, spec: MethodSpec, source: &Path, text: &str) -> Result<()> {
     let sampling = args.sampling.config(SamplingConfig::for_summaries())?;
     if args.resume {
         let has_checkpoint = [RunDir::CHECKPOINT, RunDir::PREVIOUS_CHECKPOINT]
@@ -58,21 +115,20 @@ pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
             args.out.display()
         );
     }
-    let text = args.document_limit.read(&args.document)?;
     let mut backend = args.backend.load()?;
-    let tokens = Document::count(backend.format(), &args.document, &text)?;
+    let tokens = Document::count(backend.format(), source, text)?;
     let read_tokens = args.first_tokens.map_or(tokens, |limit| limit.min(tokens));
     let chunk_tokens = spec.chunk_tokens(args.chunk_tokens, read_tokens)?;
     let document = Document::split(
         backend.format(),
-        &text,
+        text,
         tokens,
         chunk_tokens,
         args.first_tokens,
     )?;
     note!(
         "{}: {} tokens; reading {} chunk{} of up to {} tokens",
-        args.document.display(),
+        source.display(),
         document.tokens,
         document.chunks.len(),
         if document.chunks.len() == 1 { "" } else { "s" },
@@ -93,7 +149,7 @@ pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
         Outcome::Finished { summary, stats } => {
             outln!("{summary}")?;
             note!(
-                "{}: {} calls, cache hit {:.1}%, net {} tokens, output {}, cost index {:.4}, summary {} tokens, {:.0}s",
+                "{}: {} calls, cache hit {:.1}%, net {} tokens, output {}, cost index {:.4}, answer {} tokens, {:.0}s",
                 args.out.display(),
                 stats.run.calls,
                 100.0 * stats.figures.cache_hit_rate,

@@ -24,6 +24,26 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
+/// What a run's final answer is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AnswerForm {
+    /// A summary of the document in prose (`summarize`).
+    #[default]
+    Summary,
+    /// Whatever the query asks for, answered directly (`query`, the
+    /// code-retrieval benchmark).
+    Direct,
+}
+
+impl AnswerForm {
+    /// Whether this is the default, which run identities leave out so that
+    /// runs begun before the field existed still resume.
+    pub fn is_summary(&self) -> bool {
+        *self == AnswerForm::Summary
+    }
+}
+
 /// A method and every setting that decides its result.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "method", rename_all = "kebab-case")]
@@ -61,6 +81,27 @@ pub enum MethodSpec {
 }
 
 impl MethodSpec {
+    /// This spec asked `query` instead, answered directly: what `prism
+    /// query` and each code-retrieval task run. Only the methods that can
+    /// answer a question rather than summarize have such a spec: PRISM,
+    /// whose memory and final answer follow the query, and `whole`; the
+    /// others give `None`.
+    pub fn answering(&self, query: &str) -> Option<MethodSpec> {
+        let mut spec = self.clone();
+        match &mut spec {
+            MethodSpec::Prism { config, .. } => {
+                config.query = query.to_string();
+                config.answer_form = AnswerForm::Direct;
+            }
+            MethodSpec::Whole { config } => {
+                config.query = query.to_string();
+                config.answer_form = AnswerForm::Direct;
+            }
+            _ => return None,
+        }
+        Some(spec)
+    }
+
     /// The chunk size to split a document of `document_tokens` with, when
     /// `requested` is the largest that fits: the requested one, except for
     /// `detail`, whose level of detail sets it.

@@ -4,6 +4,7 @@
 //! naming both sizes, never cut to fit.
 
 use super::baseline::{words_for, Call, SYSTEM};
+use super::AnswerForm;
 use crate::chunk::Chunk;
 use crate::error::{Error, Result};
 use crate::llm::{Llm, Prompt};
@@ -15,6 +16,9 @@ pub struct WholeConfig {
     pub query: String,
     /// The most tokens of the summary.
     pub answer_tokens: usize,
+    /// A summary, or the query answered directly.
+    #[serde(default, skip_serializing_if = "AnswerForm::is_summary")]
+    pub answer_form: AnswerForm,
 }
 
 /// Everything a run carries; saved in checkpoints.
@@ -33,6 +37,9 @@ pub struct Step {
     pub call: Call,
 }
 
+/// The system turn of a direct answer: the summaries' turn would ask for prose.
+const QUERY_SYSTEM: &str = "You answer questions about a document exactly and briefly.";
+
 /// One call over the whole document.
 pub struct Whole<'a> {
     config: &'a WholeConfig,
@@ -47,16 +54,26 @@ impl<'a> Whole<'a> {
     /// (the chunks' texts in order, a blank line between two), then the query.
     pub fn prompt(&self, chunks: &[Chunk]) -> Prompt {
         let document: Vec<&str> = chunks.iter().map(|chunk| chunk.text.trim()).collect();
-        Prompt {
-            system: Some(SYSTEM.to_string()),
-            segments: vec![
-                "## Document\n".to_string(),
-                format!("{}\n", document.join("\n\n")),
+        let (system, request) = match self.config.answer_form {
+            AnswerForm::Summary => (
+                SYSTEM,
                 format!(
                     "\n## Request\n{}\nWrite the summary in plain prose, in at most {} words. Output only the summary.",
                     self.config.query,
                     words_for(self.config.answer_tokens)
                 ),
+            ),
+            AnswerForm::Direct => (
+                QUERY_SYSTEM,
+                format!("\n## Question\n{}\n", self.config.query),
+            ),
+        };
+        Prompt {
+            system: Some(system.to_string()),
+            segments: vec![
+                "## Document\n".to_string(),
+                format!("{}\n", document.join("\n\n")),
+                request,
             ],
         }
     }
@@ -141,6 +158,7 @@ mod tests {
         WholeConfig {
             query: "Summarize the story.".into(),
             answer_tokens: 100,
+            answer_form: AnswerForm::Summary,
         }
     }
 

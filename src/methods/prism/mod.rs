@@ -24,12 +24,13 @@ use crate::llm::{Llm, Prompt};
 use crate::memory::grammar::{binds_a_limit, revision_grammar, MAX_LINES};
 use crate::memory::revise::{apply_revisions, RefusalKind, Refused};
 use crate::memory::{parse_revisions, render_in_place, Amendments, Revision, Schema, Screen};
+use crate::methods::AnswerForm;
 use crate::metrics::Tokens;
 use crate::run::dir::RunDir;
 use crate::run::{Advance, Finish, Method, Position};
 use prompt::{
-    answer_request, preamble, revision_request, ANSWER_SYSTEM, EMPTY_MEMORY, REVISION_REQUEST,
-    SUMMARIZE_NOTES, SYSTEM,
+    answer_request, preamble, query_request, revision_request, ANSWER_SYSTEM, EMPTY_MEMORY,
+    QUERY_SYSTEM, REVISION_REQUEST, SUMMARIZE_NOTES, SYSTEM,
 };
 use serde_json::Value;
 use std::cell::RefCell;
@@ -107,6 +108,10 @@ pub struct PrismConfig {
     /// Decode revisions under a grammar derived from the schema, so that every
     /// line parses and type-checks.
     pub constrained: bool,
+    /// A summary written from the notes part by part, or the query answered
+    /// from the whole memory in one call.
+    #[serde(default, skip_serializing_if = "AnswerForm::is_summary")]
+    pub answer_form: AnswerForm,
 }
 
 /// What one chunk's step did, as a line of `steps.jsonl`.
@@ -216,6 +221,7 @@ impl<'a> Prism<'a> {
             ANSWER_SYSTEM,
             SUMMARIZE_NOTES,
             EMPTY_MEMORY,
+            QUERY_SYSTEM,
         ]);
         Prism {
             config,
@@ -251,6 +257,20 @@ impl<'a> Prism<'a> {
         Prompt {
             system: Some(ANSWER_SYSTEM.to_string()),
             segments: vec![answer_request(part)],
+        }
+    }
+
+    /// The prompt that answers the query from the memory: the whole memory
+    /// as one object, then the query. Unlike a summary, a direct answer
+    /// must weigh every note against the others (which candidate fits
+    /// best), so it is one call that sees them all.
+    pub fn query_prompt(&self, state: &PrismState) -> Prompt {
+        Prompt {
+            system: Some(QUERY_SYSTEM.to_string()),
+            segments: vec![query_request(
+                &render_in_place(&state.memory),
+                &self.config.query,
+            )],
         }
     }
 
@@ -398,6 +418,11 @@ impl<'a> Prism<'a> {
     /// in one call copies it out; asked to condense a hundred words of notes
     /// it writes two or three good sentences.
     pub fn answer(&self, llm: &mut dyn Llm, state: &PrismState) -> Result<String> {
+        if self.config.answer_form == AnswerForm::Direct {
+            let prompt = self.query_prompt(state);
+            let completion = llm.complete(&prompt, self.config.answer_tokens, None)?;
+            return Ok(completion.text.trim().to_string());
+        }
         let parts = answer_parts(&memory_notes(&state.memory), self.config.answer_tokens);
         let part_tokens = self.config.answer_tokens / parts.len().max(1);
         let mut answer = Vec::with_capacity(parts.len());
@@ -542,6 +567,7 @@ impl Method for Prism<'_> {
             ANSWER_SYSTEM.to_string(),
             SUMMARIZE_NOTES.to_string(),
             EMPTY_MEMORY.to_string(),
+            QUERY_SYSTEM.to_string(),
         ]
     }
 

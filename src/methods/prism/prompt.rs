@@ -95,6 +95,15 @@ pub(super) fn answer_request(part: &AnswerPart) -> String {
 pub(super) const ANSWER_SYSTEM: &str =
     "You turn notes taken while reading a document into a clear, faithful summary.";
 
+/// The system turn of a final answer to a query (`AnswerForm::Direct`).
+pub(super) const QUERY_SYSTEM: &str =
+    "You answer a question about a long document from the notes you kept while reading it.";
+
+/// The whole prompt of a direct answer: the memory, then the query.
+pub(super) fn query_request(memory: &str, query: &str) -> String {
+    format!("Notes kept while reading the document:\n{memory}\n\nQuestion: {query}\nAnswer from the notes alone.\n")
+}
+
 /// The request that closes every part of the final answer.
 pub(super) const SUMMARIZE_NOTES: &str =
     "Summarize only these notes in 1 to 3 sentences of plain prose that keep every name and decision.\n";
@@ -131,6 +140,7 @@ mod tests {
             revision_tokens: 512,
             answer_tokens: 600,
             constrained: true,
+            answer_form: crate::methods::AnswerForm::Summary,
         }
     }
 
