@@ -420,3 +420,104 @@ fn committed_results_read_as_typed_rows_and_write_back_unchanged() {
     }
     assert!(typed > 0, "no committed row read as today's figures");
 }
+
+/// The durations fixture's task file, built by `scripts/code-retrieval`
+/// into `dir` with its repository tree beside it.
+fn code_tasks(dir: &Path) -> PathBuf {
+    let tasks = dir.join("tasks.json");
+    let built = std::process::Command::new("python3")
+        .arg("scripts/code-retrieval")
+        .args(["build", "--from-dir", "tests/fixtures/code-package"])
+        .args(["--name", "durations", "--version", "0.1.0"])
+        .args(["--tasks-per-repository", "2", "--out"])
+        .arg(&tasks)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("python3 runs");
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    tasks
+}
+
+#[test]
+fn a_code_retrieval_sweep_scores_each_task_and_reports_accuracy() {
+    let (dir, model, _, out) = fixture();
+    let tasks = code_tasks(dir.path());
+    let (success, stdout, stderr) = run_prism(&[
+        "bench",
+        "--task",
+        "code-retrieval",
+        "--tasks",
+        tasks.to_str().unwrap(),
+        "--methods",
+        "prism-amendments-no-updates-unconstrained",
+        "--chunk-tokens",
+        "60,120",
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--revision-tokens",
+        "6",
+        "--answer-tokens",
+        "6",
+        "--schema",
+        "code",
+    ]);
+    assert!(success, "{stderr}");
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 4, "two tasks at two chunk sizes");
+    for row in &rows {
+        let task = row["task"].as_str().unwrap();
+        assert!(task.starts_with("durations/"), "{task}");
+        assert_eq!(row["document"], "durations-0.1.0");
+        // A random model names no function of the fixture: scored, and wrong.
+        assert_eq!(row["correct"], false, "{row}");
+        let run_dir = out.join(row["run_dir"].as_str().unwrap());
+        assert!(run_dir.starts_with(out.join("runs").join(task)));
+        // Asked the task's query, not the summary default.
+        let stats = std::fs::read_to_string(run_dir.join("steps.jsonl")).unwrap();
+        assert!(!stats.is_empty());
+    }
+    assert!(
+        stdout.contains("| Method | Tasks | Accuracy (%) |"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("Answers by task"), "{stdout}");
+    assert!(out.join("accuracy.svg").is_file());
+}
+
+#[test]
+fn a_code_retrieval_sweep_refuses_what_cannot_answer_a_query() {
+    let (dir, model, _, out) = fixture();
+    let tasks = code_tasks(dir.path());
+    let base = |methods: &'static str| {
+        vec![
+            "bench".to_string(),
+            "--task".into(),
+            "code-retrieval".into(),
+            "--methods".into(),
+            methods.into(),
+            "--chunk-tokens".into(),
+            "60".into(),
+            "--model".into(),
+            model.to_str().unwrap().into(),
+            "--out".into(),
+            out.to_str().unwrap().into(),
+        ]
+    };
+    let run = |args: Vec<String>| run_prism(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_one_error_line(
+        &run(base("prism-amendments")),
+        "--task code-retrieval needs --tasks FILE",
+    );
+    let mut hierarchical = base("hierarchical");
+    hierarchical.extend(["--tasks".to_string(), tasks.display().to_string()]);
+    assert_one_error_line(
+        &run(hierarchical),
+        "--methods hierarchical: cannot answer a query",
+    );
+}

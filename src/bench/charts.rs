@@ -78,7 +78,7 @@ fn draw(
         .build_cartesian_2d(axis, 0.0..top)?;
     let y_label = |value: &f64| match metric {
         Metric::CostIndex => format!("{value:.4}"),
-        Metric::CacheHit => format!("{value:.0}"),
+        Metric::CacheHit | Metric::Accuracy => format!("{value:.0}"),
         Metric::NetTokens | Metric::OutputTokens => format!("{value:.0}"),
     };
     chart
@@ -121,7 +121,7 @@ fn chunk_sizes(series: &[Series]) -> Vec<usize> {
 /// The top of the y axis: 100 for a percentage, else a tenth above the
 /// largest value (1 when every value is zero).
 fn y_top(metric: Metric, series: &[Series]) -> f64 {
-    if metric == Metric::CacheHit {
+    if matches!(metric, Metric::CacheHit | Metric::Accuracy) {
         return 100.0;
     }
     let max = series

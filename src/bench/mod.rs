@@ -3,6 +3,7 @@
 //! ([`results`]), report and charts.
 
 pub mod charts;
+pub mod code_retrieval;
 pub mod engine;
 pub mod report;
 pub mod results;

@@ -3,7 +3,7 @@
 //! index), and, when the sweep has several chunk sizes, one table per metric
 //! across them like its Figure 5.
 
-use super::results::{chunk_sizes, find, methods, Metric, Row, Scores};
+use super::results::{chunk_sizes, find, mean, methods, runs_of, Metric, Row, Scores};
 use crate::engine::sampling::SamplingConfig;
 use crate::methods::prism::PrismFigures;
 use crate::methods::MethodFigures;
@@ -49,9 +49,18 @@ pub fn markdown(rows: &[Row]) -> String {
 fn tables(out: &mut String, rows: &[Row], level: usize) {
     let heading = "#".repeat(level);
     let sizes = chunk_sizes(rows);
+    let retrieval = has_tasks(rows);
     for &size in &sizes {
         let _ = writeln!(out, "{heading} Chunks of {size} tokens\n");
-        table_at_chunk_size(out, rows, size);
+        match retrieval {
+            true => retrieval_table_at_chunk_size(out, rows, size),
+            false => table_at_chunk_size(out, rows, size),
+        }
+        out.push('\n');
+    }
+    if retrieval {
+        let _ = writeln!(out, "{heading} Answers by task\n");
+        answers_by_task(out, rows);
         out.push('\n');
     }
     // With one chunk size these tables would only repeat the one above.
@@ -59,7 +68,8 @@ fn tables(out: &mut String, rows: &[Row], level: usize) {
         return;
     }
     let _ = writeln!(out, "{heading} Across chunk sizes\n");
-    for metric in Metric::ALL {
+    let measured = |metric: Metric| rows.iter().any(|row| row.metric(metric).is_some());
+    for metric in Metric::ALL.into_iter().filter(|&metric| measured(metric)) {
         let _ = writeln!(out, "{heading}# {}\n", metric_title(metric));
         table_across_chunk_sizes(out, rows, metric);
         out.push('\n');
@@ -179,7 +189,7 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
         let _ = write!(
             out,
             "| {method} | {} | {} | {} | {} | {} | {} |",
-            cell(Some(row.metric(Metric::CacheHit)), 1),
+            cell(row.metric(Metric::CacheHit), 1),
             thousands(figures.prompt_tokens),
             thousands(figures.net_tokens),
             thousands(figures.output_tokens),
@@ -332,10 +342,10 @@ fn table_across_chunk_sizes(out: &mut String, rows: &[Row], metric: Metric) {
     for method in methods(rows) {
         let _ = write!(out, "| {method} |");
         for &size in &sizes {
-            let value = find(rows, method, size).map(|row| row.metric(metric));
+            let value = mean(&runs_of(rows, method, size), metric);
             let value = match metric {
                 Metric::NetTokens | Metric::OutputTokens => value.map(|n| n / 1000.0),
-                Metric::CacheHit | Metric::CostIndex => value,
+                Metric::CacheHit | Metric::CostIndex | Metric::Accuracy => value,
             };
             let _ = write!(out, " {} |", cell(value, metric_decimals(metric)));
         }
@@ -346,14 +356,75 @@ fn table_across_chunk_sizes(out: &mut String, rows: &[Row], metric: Metric) {
 fn metric_title(metric: Metric) -> String {
     match metric {
         Metric::NetTokens | Metric::OutputTokens => format!("{} (×10³)", metric.title()),
-        Metric::CacheHit | Metric::CostIndex => metric.title().to_string(),
+        Metric::CacheHit | Metric::CostIndex | Metric::Accuracy => metric.title().to_string(),
     }
 }
 
 fn metric_decimals(metric: Metric) -> usize {
     match metric {
         Metric::CostIndex => 4,
+        Metric::Accuracy => 0,
         Metric::CacheHit | Metric::NetTokens | Metric::OutputTokens => 1,
+    }
+}
+
+/// Whether `rows` are code-retrieval runs, one per task.
+fn has_tasks(rows: &[Row]) -> bool {
+    rows.iter().any(|row| row.task.is_some())
+}
+
+/// The code-retrieval counterpart of Table 3 for one chunk size: accuracy
+/// over the tasks, and each figure as the mean of one task's run.
+fn retrieval_table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
+    out.push_str(
+        "| Method | Tasks | Accuracy (%) | Cache hit (%) | Net (×10³) | Output (×10³) | Cost index | Wall (s) |\n\
+         |---|--:|--:|--:|--:|--:|--:|--:|\n",
+    );
+    let mut shown = Vec::new();
+    for method in methods(rows) {
+        let runs = runs_of(rows, method, chunk_tokens);
+        if runs.is_empty() {
+            continue;
+        }
+        let thousands = |metric| cell(mean(&runs, metric).map(|n| n / 1000.0), 1);
+        let wall = runs.iter().map(|row| row.run.wall_seconds).sum::<f64>() / runs.len() as f64;
+        let _ = writeln!(
+            out,
+            "| {method} | {} | {} | {} | {} | {} | {} | {} |",
+            runs.len(),
+            cell(mean(&runs, Metric::Accuracy), 0),
+            cell(mean(&runs, Metric::CacheHit), 1),
+            thousands(Metric::NetTokens),
+            thousands(Metric::OutputTokens),
+            cell(mean(&runs, Metric::CostIndex), 4),
+            cell(Some(wall), 0),
+        );
+        shown.extend(runs);
+    }
+    let _ = writeln!(
+        out,
+        "\nFigures are means per task; accuracy is the share of tasks whose answer named the function sought first.\n{}",
+        sampling_line(&shown)
+    );
+}
+
+/// Every code-retrieval run's answer: what it named, and whether that was right.
+fn answers_by_task(out: &mut String, rows: &[Row]) {
+    out.push_str("| Task | Method | Chunk tokens | Named | Right |\n|---|---|--:|---|---|\n");
+    for row in rows {
+        let Some(task) = &row.task else { continue };
+        let right = match row.scores.correct {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => MISSING,
+        };
+        let _ = writeln!(
+            out,
+            "| {task} | {} | {} | {} | {right} |",
+            row.method,
+            row.chunk_tokens,
+            row.scores.retrieved.as_deref().unwrap_or(MISSING),
+        );
     }
 }
 

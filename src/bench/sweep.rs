@@ -7,6 +7,7 @@
 //! on its own client: a run's calls stay in order, so its prefix locality on
 //! the server is what it would be alone.
 
+use super::code_retrieval::{self, Task};
 use super::results::{self, Machine, Metric, Pending, Row, Scores};
 use super::{charts, report};
 use crate::engine::device::DeviceChoice;
@@ -58,15 +59,27 @@ pub struct Judging {
 pub struct SweepDocument {
     pub path: PathBuf,
     pub text: String,
+    /// Set when the document is a repository of the code-retrieval task:
+    /// the function this document's runs look for. Its query replaces the
+    /// methods' own, and each finished run is scored by the name it gives.
+    pub task: Option<Task>,
 }
 
 impl SweepDocument {
-    /// The file name, as rows and run directories carry it.
-    pub fn name(&self) -> String {
+    /// The file name, as rows carry it.
+    pub fn file_name(&self) -> String {
         self.path.file_name().map_or_else(
             || self.path.display().to_string(),
             |name| name.to_string_lossy().into_owned(),
         )
+    }
+
+    /// What tells this document's runs apart from the others': the task
+    /// when it has one, else the file name. Run directories go by it.
+    pub fn name(&self) -> String {
+        self.task
+            .as_ref()
+            .map_or_else(|| self.file_name(), |task| task.id.clone())
     }
 }
 
@@ -106,6 +119,23 @@ impl Sweep {
         if self.concurrency == 0 {
             return Err(Error::invalid("--concurrency", "must be at least 1"));
         }
+        let has_tasks = self
+            .documents
+            .iter()
+            .any(|document| document.task.is_some());
+        if let Some(method) = self
+            .methods
+            .iter()
+            .find(|method| has_tasks && method.spec.answering("").is_none())
+        {
+            return Err(cannot_answer(method));
+        }
+        if has_tasks && self.judging.is_some() {
+            return Err(Error::invalid(
+                "--quality",
+                "judges summaries; code-retrieval runs are scored by the function they name",
+            ));
+        }
         let is_nonempty_dir =
             std::fs::read_dir(&self.out).is_ok_and(|mut entries| entries.next().is_some());
         if !self.resume && is_nonempty_dir {
@@ -137,6 +167,8 @@ pub struct SweepOutcome {
 /// One run of the sweep.
 struct Planned<'a> {
     method: &'a SweepMethod,
+    /// The method's spec, asking the document's task query when it has one.
+    spec: MethodSpec,
     /// The sweep's chunk size for this run (`detail` splits finer from it).
     chunk_tokens: usize,
     /// Index into the sweep's documents.
@@ -167,7 +199,7 @@ impl Planned<'_> {
         resume: bool,
     ) -> Job<'a> {
         Job {
-            spec: &self.method.spec,
+            spec: &self.spec,
             document: &documents[self.document],
             sampling,
             out: &self.path,
@@ -379,6 +411,14 @@ impl Finisher<'_> {
             progress.run_begins(&format!("judging {} ", planned.label()));
             row.scores = judge_summary(judge, &planned.path, judging.questions.as_deref())?;
         }
+        let input = &sweep.documents[planned.source];
+        if let Some(task) = &input.task {
+            let answer = read_answer(&planned.path)?;
+            let defined = code_retrieval::defined_functions(&input.text);
+            let verdict = code_retrieval::score(&answer, &task.function, &defined);
+            row.scores.retrieved = verdict.retrieved;
+            row.scores.correct = Some(verdict.correct);
+        }
         self.bench.append_jsonl(RESULTS, &row)?;
         self.rows.push(row);
         write_reports(self.bench, self.rows)?;
@@ -389,8 +429,20 @@ impl Finisher<'_> {
             .filter(|planned| finished(self.rows, planned, &sweep.out).is_none())
             .copied()
             .collect();
+        let verdict = match (&input.task, last.scores.correct) {
+            (Some(task), Some(correct)) => format!(
+                "{} {} (sought {}), ",
+                if correct { "found" } else { "missed:" },
+                last.scores
+                    .retrieved
+                    .as_deref()
+                    .unwrap_or("no function named"),
+                task.function
+            ),
+            _ => String::new(),
+        };
         progress.note(&format!(
-            "{}: cache hit {:.1}%, net {} tokens, output {}, cost index {:.4}, {:.0}s{}",
+            "{}: {verdict}cache hit {:.1}%, net {} tokens, output {}, cost index {:.4}, {:.0}s{}",
             planned.path.display(),
             100.0 * last.figures.cache_hit_rate,
             last.figures.net_tokens,
@@ -455,21 +507,27 @@ fn judge_earlier_runs(
 
 /// The sweep's runs, document by document and within one chunk size by
 /// chunk size, so a paused sweep has whole tables; each document is split
-/// once per chunk size its runs use (`detail` picks its own from `--detail`).
+/// once per chunk size its runs use (`detail` picks its own from `--detail`),
+/// and the tasks of one repository share its splits.
 fn plan<'a>(sweep: &'a Sweep, format: &PromptFormat) -> Result<(Vec<Document>, Vec<Planned<'a>>)> {
     let mut documents: Vec<Document> = Vec::new();
+    // The file each split was made from, by index into `documents`.
+    let mut split_from: Vec<&Path> = Vec::new();
     let mut plan = Vec::new();
     for (source, input) in sweep.documents.iter().enumerate() {
-        let document_tokens = Document::count(format, &input.path, &input.text)?;
-        let first_split = documents.len();
+        let earlier = split_from.iter().position(|path| *path == input.path);
+        let document_tokens = match earlier {
+            Some(index) => documents[index].tokens,
+            None => Document::count(format, &input.path, &input.text)?,
+        };
         for &chunk_tokens in &sweep.chunk_sizes {
             for method in &sweep.methods {
                 let size = method.spec.chunk_tokens(chunk_tokens, document_tokens)?;
-                let split = documents[first_split..]
-                    .iter()
-                    .position(|d| d.chunk_tokens == size);
+                let split = (0..documents.len()).find(|&index| {
+                    split_from[index] == input.path && documents[index].chunk_tokens == size
+                });
                 let document = match split {
-                    Some(index) => first_split + index,
+                    Some(index) => index,
                     None => {
                         documents.push(Document::split(
                             format,
@@ -478,8 +536,16 @@ fn plan<'a>(sweep: &'a Sweep, format: &PromptFormat) -> Result<(Vec<Document>, V
                             size,
                             sweep.first_tokens,
                         )?);
+                        split_from.push(&input.path);
                         documents.len() - 1
                     }
+                };
+                let spec = match &input.task {
+                    Some(task) => method
+                        .spec
+                        .answering(&code_retrieval::query(&task.description))
+                        .ok_or_else(|| cannot_answer(method))?,
+                    None => method.spec.clone(),
                 };
                 let name = format!("{}-{chunk_tokens}", method.name);
                 let run_dir = match sweep.documents.len() {
@@ -488,6 +554,7 @@ fn plan<'a>(sweep: &'a Sweep, format: &PromptFormat) -> Result<(Vec<Document>, V
                 };
                 plan.push(Planned {
                     method,
+                    spec,
                     chunk_tokens,
                     source,
                     document,
@@ -498,6 +565,13 @@ fn plan<'a>(sweep: &'a Sweep, format: &PromptFormat) -> Result<(Vec<Document>, V
         }
     }
     Ok((documents, plan))
+}
+
+fn cannot_answer(method: &SweepMethod) -> Error {
+    Error::invalid(
+        format!("--methods {}", method.name),
+        "cannot answer a query: code retrieval runs the prism variants and whole",
+    )
 }
 
 /// The documents and their sizes, for the first progress line.
@@ -644,6 +718,8 @@ struct SweepContext {
     model: String,
     /// The documents' file names, by `Planned::source`.
     document_names: Vec<String>,
+    /// Their code-retrieval tasks' ids, where they have one.
+    tasks: Vec<Option<String>>,
     device: String,
     machine: Machine,
     git_revision: String,
@@ -657,7 +733,16 @@ impl SweepContext {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         SweepContext {
             model: backend.name().to_string(),
-            document_names: sweep.documents.iter().map(SweepDocument::name).collect(),
+            document_names: sweep
+                .documents
+                .iter()
+                .map(SweepDocument::file_name)
+                .collect(),
+            tasks: sweep
+                .documents
+                .iter()
+                .map(|document| document.task.as_ref().map(|task| task.id.clone()))
+                .collect(),
             device: backend.device(),
             machine: Machine::from_proc(
                 std::fs::read_to_string("/proc/cpuinfo").ok().as_deref(),
@@ -706,6 +791,7 @@ impl SweepContext {
             chunk_tokens: planned.chunk_tokens,
             model: self.model.clone(),
             document: self.document_names[planned.source].clone(),
+            task: self.tasks[planned.source].clone(),
             document_sha256: document.sha256.clone(),
             document_tokens: document.tokens,
             read_tokens: document.chunks.iter().map(|chunk| chunk.tokens).sum(),
@@ -739,6 +825,12 @@ fn loaded_judge<'a>(judge: &'a mut Option<Engine>, judging: &Judging) -> Result<
             Ok(judge.insert(Engine::load(&source, &options)?))
         }
     }
+}
+
+/// The final answer a finished run wrote.
+fn read_answer(run_dir: &Path) -> Result<String> {
+    let path = run_dir.join(RunDir::SUMMARY);
+    std::fs::read_to_string(&path).map_err(|err| Error::io(&path, err))
 }
 
 /// Score the summary in `run_dir` with `judge`: coherence, and QA-F1 when
@@ -809,7 +901,8 @@ fn git_state() -> (String, Option<bool>) {
 fn write_reports(bench: &RunDir, rows: &[Row]) -> Result<()> {
     bench.write_text(RESULTS_CSV, &results::csv(rows))?;
     bench.write_text(REPORT, &report::markdown(rows))?;
-    for metric in Metric::ALL {
+    let measured = |metric: Metric| rows.iter().any(|row| row.metric(metric).is_some());
+    for metric in Metric::ALL.into_iter().filter(|&metric| measured(metric)) {
         let chart = charts::svg(metric, &results::series(rows, metric))?;
         bench.write_text(metric.chart_file(), &chart)?;
     }

@@ -24,6 +24,12 @@ pub struct Scores {
     /// Mean Correct-F1 of the questions answered from the summary alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qa_f1: Option<f64>,
+    /// Code retrieval: the function of the repository the answer named first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retrieved: Option<String>,
+    /// Code retrieval: whether that is the function the task sought.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correct: Option<bool>,
 }
 
 impl Scores {
@@ -45,8 +51,11 @@ pub struct Row {
     /// it, which its `chunks` shows.
     pub chunk_tokens: usize,
     pub model: String,
-    /// The document's file name.
+    /// The document's file name (a repository's folder for code retrieval).
     pub document: String,
+    /// The code-retrieval task the run answered, as `<repository>/<function>`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
     pub document_sha256: String,
     /// Tokens of the whole document.
     pub document_tokens: usize,
@@ -83,14 +92,19 @@ pub struct Row {
 }
 
 impl Row {
-    /// What `metric` measured in this run.
-    pub fn metric(&self, metric: Metric) -> f64 {
+    /// What `metric` measured in this run; accuracy only for a scored
+    /// code-retrieval run (100 when it named the function, else 0).
+    pub fn metric(&self, metric: Metric) -> Option<f64> {
         let figures = &self.figures;
         match metric {
-            Metric::CacheHit => 100.0 * figures.cache_hit_rate,
-            Metric::NetTokens => figures.net_tokens as f64,
-            Metric::OutputTokens => figures.output_tokens as f64,
-            Metric::CostIndex => figures.cost_index,
+            Metric::CacheHit => Some(100.0 * figures.cache_hit_rate),
+            Metric::NetTokens => Some(figures.net_tokens as f64),
+            Metric::OutputTokens => Some(figures.output_tokens as f64),
+            Metric::CostIndex => Some(figures.cost_index),
+            Metric::Accuracy => self
+                .scores
+                .correct
+                .map(|correct| 100.0 * f64::from(correct)),
         }
     }
 }
@@ -103,10 +117,13 @@ pub enum Metric {
     NetTokens,
     OutputTokens,
     CostIndex,
+    /// The share of code-retrieval tasks answered with the right function.
+    Accuracy,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 4] = [
+    pub const ALL: [Metric; 5] = [
+        Metric::Accuracy,
         Metric::CacheHit,
         Metric::NetTokens,
         Metric::OutputTokens,
@@ -120,6 +137,7 @@ impl Metric {
             Metric::NetTokens => "Net prompt tokens encoded",
             Metric::OutputTokens => "Output tokens decoded",
             Metric::CostIndex => "Cost index",
+            Metric::Accuracy => "Accuracy (%)",
         }
     }
 
@@ -130,6 +148,7 @@ impl Metric {
             Metric::NetTokens => "net_tokens.svg",
             Metric::OutputTokens => "output_tokens.svg",
             Metric::CostIndex => "cost_index.svg",
+            Metric::Accuracy => "accuracy.svg",
         }
     }
 }
@@ -173,6 +192,28 @@ pub fn find<'a>(rows: &'a [Row], method: &str, chunk_tokens: usize) -> Option<&'
         .find(|row| row.method == method && row.chunk_tokens == chunk_tokens)
 }
 
+/// The runs of `method` at `chunk_tokens`: one per code-retrieval task, or
+/// the one run of a summary sweep; the last of each when a run was
+/// recorded twice.
+pub fn runs_of<'a>(rows: &'a [Row], method: &str, chunk_tokens: usize) -> Vec<&'a Row> {
+    let mut runs: Vec<&Row> = Vec::new();
+    for row in rows.iter().rev() {
+        let same_run = |run: &&Row| run.task == row.task;
+        if row.method == method && row.chunk_tokens == chunk_tokens && !runs.iter().any(same_run) {
+            runs.push(row);
+        }
+    }
+    runs.reverse();
+    runs
+}
+
+/// The mean of `metric` over `runs` that measured it: the figure of a
+/// summary run, the per-task mean of code-retrieval runs.
+pub fn mean(runs: &[&Row], metric: Metric) -> Option<f64> {
+    let values: Vec<f64> = runs.iter().filter_map(|row| row.metric(metric)).collect();
+    (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+}
+
 /// One series per method of `metric` against chunk size, and per document
 /// when the rows have several (named `method (document)`); chunk sizes where
 /// a method has no value are left out of its series.
@@ -195,7 +236,7 @@ pub fn series(rows: &[Row], metric: Metric) -> Vec<Series> {
                 points: sizes
                     .iter()
                     .filter_map(|&size| {
-                        Some((size, find(&of_document, method, size)?.metric(metric)))
+                        Some((size, mean(&runs_of(&of_document, method, size), metric)?))
                     })
                     .collect(),
             });

@@ -7,8 +7,8 @@ use super::{BackendArgs, DocumentLimit, SamplingArgs};
 use anyhow::Result;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Subcommand, ValueEnum};
-use prism::bench::report;
 use prism::bench::sweep::{Judging, Sweep, SweepDocument, SweepMethod};
+use prism::bench::{code_retrieval, report};
 use prism::engine::sampling::SamplingConfig;
 use prism::methods::prism::{MemoryMode, Variant};
 use std::path::{Path, PathBuf};
@@ -37,8 +37,19 @@ enum BenchCommand {
 struct SweepArgs {
     /// The documents: UTF-8 text files, or directories of them (each file in it, by name).
     /// With several, each document's runs go under runs/<file name>/.
-    #[arg(required = true)]
+    #[arg(conflicts_with = "tasks")]
     documents: Vec<PathBuf>,
+    /// What the runs do: summarize the documents, or find the functions a code-retrieval task
+    /// file describes (with --tasks; accuracy is reported beside the cost figures).
+    #[arg(long, value_enum, default_value = "summary")]
+    task: TaskName,
+    /// The code-retrieval task file (as `scripts/code-retrieval build` writes it); each task's
+    /// runs go under runs/<repository>/<function>/.
+    #[arg(long)]
+    tasks: Option<PathBuf>,
+    /// With --tasks: at most this many tasks of each repository, spread over its source.
+    #[arg(long)]
+    tasks_per_repository: Option<usize>,
     /// Methods, comma-separated: prism-amendments or prism-in-place, each optionally followed by
     /// -no-updates and/or -unconstrained (in that order), or any other `summarize --method`.
     /// A prism name sets --memory, --no-updates and --constrained for its runs.
@@ -82,6 +93,12 @@ struct SweepArgs {
     backend: BackendArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum TaskName {
+    Summary,
+    CodeRetrieval,
 }
 
 pub fn run(args: BenchArgs, matches: &ArgMatches) -> Result<()> {
@@ -205,15 +222,34 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
                 .transpose()?,
         }),
     };
-    let documents = prism::document::expand_directories(&args.documents)?
-        .into_iter()
-        .map(|path| {
-            Ok(SweepDocument {
-                text: args.document_limit.read(&path)?,
-                path,
+    let documents = match (args.task, &args.tasks) {
+        (TaskName::CodeRetrieval, Some(tasks)) => code_retrieval::sweep_documents(
+            tasks,
+            args.tasks_per_repository,
+            args.document_limit.max_bytes(),
+        )?,
+        (TaskName::CodeRetrieval, None) => {
+            anyhow::bail!("--task code-retrieval needs --tasks FILE")
+        }
+        (TaskName::Summary, Some(_)) => {
+            anyhow::bail!("--tasks is the task file of --task code-retrieval")
+        }
+        (TaskName::Summary, None) if args.documents.is_empty() => {
+            anyhow::bail!(
+                "name the documents to summarize, or give --task code-retrieval --tasks FILE"
+            )
+        }
+        (TaskName::Summary, None) => prism::document::expand_directories(&args.documents)?
+            .into_iter()
+            .map(|path| {
+                Ok(SweepDocument {
+                    text: args.document_limit.read(&path)?,
+                    path,
+                    task: None,
+                })
             })
-        })
-        .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>>>()?,
+    };
     let sweep = Sweep {
         documents,
         methods,
