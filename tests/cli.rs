@@ -375,3 +375,62 @@ fn quiet_prints_results_and_nothing_on_stderr() {
     assert!(success && stderr.is_empty(), "{stderr}");
     assert_one_error_line(&generate(&["-q", "-v"]), "cannot be used with");
 }
+
+/// `prism query` over the fixture package's directory with a tiny model.
+fn query_with_tiny_model(extra: &[&str]) -> (bool, String, String, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    crate::common::tiny_chat_model(dir.path());
+    let out = dir.path().join("run");
+    let mut args = vec![
+        "query",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/code-package"),
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--chunk-tokens",
+        "100",
+        "--revision-tokens",
+        "4",
+        "--answer-tokens",
+        "4",
+        "--constrained",
+        "off",
+    ];
+    args.extend_from_slice(extra);
+    let (success, stdout, stderr) = run_prism(&args);
+    (success, stdout, stderr, dir)
+}
+
+#[test]
+fn query_reads_a_directory_in_chunks_and_keeps_a_memory() {
+    let (success, _, stderr, dir) =
+        query_with_tiny_model(&["--schema", "code", "--query", "Which function parses?"]);
+    assert!(success, "{stderr}");
+    assert!(stderr.contains("code-package: "), "{stderr}");
+    let run = dir.path().join("run");
+    assert!(run.join("memory.json").is_file());
+    let steps = std::fs::read_to_string(run.join("steps.jsonl")).unwrap();
+    assert!(steps.lines().count() > 2, "several chunks: {steps}");
+}
+
+#[test]
+fn query_needs_a_query_and_a_schema_of_its_own() {
+    let (success, _, stderr, _dir) = query_with_tiny_model(&["--schema", "code"]);
+    assert_one_error_line(
+        &(success, String::new(), stderr),
+        "prism query needs --query",
+    );
+    let result = query_with_tiny_model(&[
+        "--query",
+        "Which?",
+        "--schema",
+        "code",
+        "--method",
+        "hierarchical",
+    ]);
+    assert_one_error_line(
+        &(result.0, result.1, result.2),
+        "prism query runs --method prism or whole",
+    );
+}

@@ -574,21 +574,17 @@ fn cannot_answer(method: &SweepMethod) -> Error {
     )
 }
 
-/// The documents and their sizes, for the first progress line.
+/// The documents and their sizes, for the first progress line; a
+/// repository that several tasks search is named once.
 fn documents_note(sweep: &Sweep, plan: &[Planned], documents: &[Document]) -> String {
-    let sizes: Vec<String> = sweep
-        .documents
-        .iter()
-        .enumerate()
-        .map(|(source, input)| {
-            let tokens = plan
-                .iter()
-                .find(|planned| planned.source == source)
-                .map_or(0, |planned| documents[planned.document].tokens);
-            format!("{}: {tokens} tokens", input.path.display())
-        })
-        .collect();
-    sizes.join("; ")
+    let sizes = sweep.documents.iter().enumerate().map(|(source, input)| {
+        let tokens = plan
+            .iter()
+            .find(|planned| planned.source == source)
+            .map_or(0, |planned| documents[planned.document].tokens);
+        format!("{}: {tokens} tokens", input.path.display())
+    });
+    results::distinct(sizes).join("; ")
 }
 
 /// `prism bench report DIR`: rebuild results.csv, report.md and the charts
