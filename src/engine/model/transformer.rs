@@ -102,20 +102,23 @@ impl Transformer {
             });
         }
         let norm = weights.dense("model.norm.weight", &[hidden], device)?;
-        // Models with tied embeddings store no output head and reuse the embedding matrix.
-        let head_name = if weights.contains("lm_head.weight") {
-            "lm_head"
+        // Models with tied embeddings store no output head: it is the
+        // embedding table itself, shared rather than read a second time (a
+        // Q6_K table of Qwen-1.5B's 151,936 tokens is 190 MB). Only the last
+        // position goes through the head, so it never needs a dense copy.
+        let lm_head = if weights.contains("lm_head.weight") {
+            weights.linear(
+                "lm_head",
+                (c.vocab_size, hidden),
+                false,
+                PrefillWeights::Quantized,
+                device,
+            )?
         } else {
-            "model.embed_tokens"
+            embed_tokens
+                .as_output_head(device)
+                .context("sharing the embedding table as the output head")?
         };
-        // Only the last position goes through the head, so it never needs a dense copy.
-        let lm_head = weights.linear(
-            head_name,
-            (c.vocab_size, hidden),
-            false,
-            PrefillWeights::Quantized,
-            device,
-        )?;
         let rope = Rope::new(&config, device)?;
         Ok(Transformer {
             config,

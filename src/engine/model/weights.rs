@@ -275,6 +275,22 @@ pub(crate) enum Embedding {
 }
 
 impl Embedding {
+    /// The output head of a model whose head is tied to its embeddings: a
+    /// matmul over this very table, quantized as it is stored, with no
+    /// dense copy for prompts.
+    pub(crate) fn as_output_head(&self, device: &Device) -> candle_core::Result<Linear> {
+        let (weight, decode_in) = match self {
+            Embedding::Dense(table) => (QMatMul::Tensor(table.clone()), table.dim(1)?),
+            Embedding::Quantized { table, .. } => decode_weight(table.clone(), device)?,
+        };
+        Ok(Linear {
+            weight,
+            decode_in,
+            dense: None,
+            bias: None,
+        })
+    }
+
     /// The rows of `tokens`, as `(tokens, hidden)` f32.
     pub(crate) fn rows(&self, tokens: &[u32], device: &Device) -> candle_core::Result<Tensor> {
         match self {
