@@ -34,9 +34,25 @@ fn bench_of(
     out: &Path,
     extra: &[&str],
 ) -> (bool, String, String) {
-    let mut args = vec![
-        "bench",
-        doc.to_str().unwrap(),
+    let book = concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/book.json");
+    let input = [doc.to_str().unwrap()];
+    sweep(&input, methods, chunk_tokens, model, out, book, extra)
+}
+
+/// `prism bench INPUT… --methods … --chunk-tokens …` with `schema` and the
+/// small token budgets every test here uses.
+fn sweep(
+    input: &[&str],
+    methods: &str,
+    chunk_tokens: &str,
+    model: &Path,
+    out: &Path,
+    schema: &str,
+    extra: &[&str],
+) -> (bool, String, String) {
+    let mut args = vec!["bench"];
+    args.extend_from_slice(input);
+    args.extend_from_slice(&[
         "--methods",
         methods,
         "--chunk-tokens",
@@ -50,8 +66,8 @@ fn bench_of(
         "--answer-tokens",
         "6",
         "--schema",
-        concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/book.json"),
-    ];
+        schema,
+    ]);
     args.extend_from_slice(extra);
     run_prism(&args)
 }
@@ -446,27 +462,14 @@ fn code_tasks(dir: &Path) -> PathBuf {
 fn a_code_retrieval_sweep_scores_each_task_and_reports_accuracy() {
     let (dir, model, _, out) = fixture();
     let tasks = code_tasks(dir.path());
-    let (success, stdout, stderr) = run_prism(&[
-        "bench",
+    let task_args = [
         "--task",
         "code-retrieval",
         "--tasks",
         tasks.to_str().unwrap(),
-        "--methods",
-        "prism-amendments-no-updates-unconstrained",
-        "--chunk-tokens",
-        "60,120",
-        "--model",
-        model.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--revision-tokens",
-        "6",
-        "--answer-tokens",
-        "6",
-        "--schema",
-        "code",
-    ]);
+    ];
+    let methods = "prism-amendments-no-updates-unconstrained";
+    let (success, stdout, stderr) = sweep(&task_args, methods, "60,120", &model, &out, "code", &[]);
     assert!(success, "{stderr}");
     let rows = rows(&out);
     assert_eq!(rows.len(), 4, "two tasks at two chunk sizes");
