@@ -33,6 +33,14 @@ pub fn markdown(rows: &[Row]) -> String {
         tables(&mut out, rows, 2);
         return out;
     }
+    if has_tasks(rows) {
+        out.push_str("## All tasks\n\n");
+        for size in chunk_sizes(rows) {
+            let _ = writeln!(out, "### Chunks of {size} tokens\n");
+            retrieval_table_at_chunk_size(&mut out, rows, size);
+            out.push('\n');
+        }
+    }
     for document in &documents {
         let _ = writeln!(out, "## {document}\n");
         let of_document: Vec<Row> = rows
@@ -498,6 +506,44 @@ mod tests {
             report.contains("- Read: the first 980 to 1000 tokens"),
             "{report}"
         );
+    }
+
+    /// A code-retrieval row: `task` of `repository`, answered right or not.
+    fn retrieval_row(repository: &str, task: &str, chunk_tokens: usize, correct: bool) -> Row {
+        let mut row = row(
+            "prism-amendments-no-updates",
+            chunk_tokens,
+            serde_json::json!({"net_tokens": if correct { 1000 } else { 3000 }, "cost_index": 0.01}),
+        );
+        row.document = repository.into();
+        row.task = Some(format!("{repository}/{task}"));
+        row.scores.correct = Some(correct);
+        row.scores.retrieved = Some(if correct { task.into() } else { "other".into() });
+        row
+    }
+
+    #[test]
+    fn code_retrieval_reports_accuracy_and_means_over_tasks() {
+        let rows = vec![
+            retrieval_row("pkg", "parse", 2000, true),
+            retrieval_row("pkg", "format", 2000, false),
+            retrieval_row("lib", "load", 2000, true),
+            retrieval_row("pkg", "parse", 500, false),
+        ];
+        let report = markdown(&rows);
+        let all = report.find("## All tasks").unwrap();
+        let pkg = report.find("## pkg\n").unwrap();
+        // Over all three tasks at 2000: two of three right, net tokens a mean.
+        let row_2000 = "| prism-amendments-no-updates | 3 | 67 | 0.0 | 1.7 |";
+        assert!(report[all..pkg].contains(row_2000), "{report}");
+        assert!(
+            report[pkg..].contains("| prism-amendments-no-updates | 2 | 50 |"),
+            "{report}"
+        );
+        assert!(report.contains("| pkg/format | prism-amendments-no-updates | 2000 | other | no |"));
+        let accuracy = crate::bench::results::series(&rows, Metric::Accuracy);
+        assert_eq!(accuracy[0].points, [(500, 0.0), (2000, 50.0)]);
+        assert!(report.contains("#### Accuracy (%)"), "{report}");
     }
 
     #[test]
