@@ -35,21 +35,16 @@ pub fn expand_directories(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
             documents.push(path.clone());
             continue;
         }
-        let mut files = Vec::new();
-        for entry in fs::read_dir(path).map_err(|err| Error::io(path, err))? {
-            let entry = entry.map_err(|err| Error::io(path, err))?;
-            let hidden = entry.file_name().to_string_lossy().starts_with('.');
-            if !hidden && entry.path().is_file() {
-                files.push(entry.path());
-            }
-        }
+        let files: Vec<PathBuf> = visible_entries(path)?
+            .into_iter()
+            .filter(|entry| entry.is_file())
+            .collect();
         if files.is_empty() {
             return Err(Error::invalid(
                 path.display().to_string(),
                 "is a directory with no documents in it",
             ));
         }
-        files.sort();
         documents.extend(files);
     }
     Ok(documents)
@@ -127,9 +122,8 @@ pub fn read_sources(paths: &[PathBuf], max_bytes: u64) -> Result<String> {
     Ok(document)
 }
 
-/// Every visible file below `dir`, sorted by its path relative to `root`,
-/// as (path, that relative name, named by the user: false).
-fn collect_tree(root: &Path, dir: &Path, files: &mut Vec<(PathBuf, String, bool)>) -> Result<()> {
+/// The entries of `dir` whose names do not start with a dot, sorted.
+fn visible_entries(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut entries = Vec::new();
     for entry in fs::read_dir(dir).map_err(|err| Error::io(dir, err))? {
         let entry = entry.map_err(|err| Error::io(dir, err))?;
@@ -138,9 +132,20 @@ fn collect_tree(root: &Path, dir: &Path, files: &mut Vec<(PathBuf, String, bool)
         }
     }
     entries.sort();
-    for path in entries {
+    Ok(entries)
+}
+
+/// Every visible file below `dir`, sorted by its path relative to `root`,
+/// as (path, that relative name, named by the user: false). A link to a
+/// directory is not followed: one that points back up the tree would
+/// make the walk endless.
+fn collect_tree(root: &Path, dir: &Path, files: &mut Vec<(PathBuf, String, bool)>) -> Result<()> {
+    for path in visible_entries(dir)? {
+        let linked = fs::symlink_metadata(&path).is_ok_and(|meta| meta.file_type().is_symlink());
         if path.is_dir() {
-            collect_tree(root, &path, files)?;
+            if !linked {
+                collect_tree(root, &path, files)?;
+            }
         } else if path.is_file() {
             let name = path.strip_prefix(root).unwrap_or(&path);
             let name = name.to_string_lossy().replace('\\', "/");
@@ -264,6 +269,9 @@ mod tests {
         fs::write(package.join("sub/c.py"), "C = 3").unwrap();
         fs::write(package.join("logo.png"), b"\x89PNG\x00\x00").unwrap();
         fs::write(package.join(".hidden.py"), "secret").unwrap();
+        // A link back up the tree is not followed, so the walk ends.
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(&package, package.join("sub/loop")).unwrap();
         let text = read_sources(std::slice::from_ref(&package), MAX_DOCUMENT_BYTES).unwrap();
         assert_eq!(
             text,

@@ -11,7 +11,7 @@
 use super::sweep::SweepDocument;
 use crate::document::read_sources;
 use crate::error::{Error, Result};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
 /// A task file as `scripts/code-retrieval build` writes it.
@@ -29,13 +29,11 @@ pub struct Repository {
 }
 
 /// One function to find.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Task {
     /// `<repository>/<function>`.
     pub id: String,
     pub repository: String,
-    /// The file that defines the function, relative to the repository.
-    pub file: String,
     pub function: String,
     /// The function's docstring summary, which the repository tree lacks.
     pub description: String,
@@ -129,28 +127,22 @@ pub fn sweep_documents(
     max_bytes: u64,
 ) -> Result<Vec<SweepDocument>> {
     let file = TaskFile::read(task_file)?;
-    let mut trees: Vec<(String, PathBuf, String)> = Vec::new();
+    let chosen = file.spread(per_repository);
     let mut documents = Vec::new();
-    for task in file.spread(per_repository) {
-        let known = trees.iter().position(|(name, ..)| *name == task.repository);
-        let index = match known {
-            Some(index) => index,
-            None => {
-                let repository = file
-                    .repository(&task.repository)
-                    .expect("TaskFile::read checked every task's repository");
-                let tree = repository.tree(task_file)?;
-                let text = read_sources(std::slice::from_ref(&tree), max_bytes)?;
-                trees.push((task.repository.clone(), tree, text));
-                trees.len() - 1
-            }
-        };
-        let (_, tree, text) = &trees[index];
-        documents.push(SweepDocument {
-            path: tree.clone(),
-            text: text.clone(),
-            task: Some(task.clone()),
-        });
+    for repository in &file.repositories {
+        let mut tasks = chosen
+            .iter()
+            .filter(|task| task.repository == repository.name);
+        let Some(first) = tasks.next() else { continue };
+        let tree = repository.tree(task_file)?;
+        let text = read_sources(std::slice::from_ref(&tree), max_bytes)?;
+        for task in std::iter::once(first).chain(tasks) {
+            documents.push(SweepDocument {
+                path: tree.clone(),
+                text: text.clone(),
+                task: Some((*task).clone()),
+            });
+        }
     }
     Ok(documents)
 }
@@ -263,7 +255,6 @@ mod tests {
         Task {
             id: id.into(),
             repository: repository.into(),
-            file: "a.py".into(),
             function: id.into(),
             description: "Does a thing.".into(),
         }

@@ -3,7 +3,7 @@
 //! index), and, when the sweep has several chunk sizes, one table per metric
 //! across them like its Figure 5.
 
-use super::results::{chunk_sizes, find, mean, methods, runs_of, Metric, Row, Scores};
+use super::results::{chunk_sizes, find, mean, measured, methods, runs_of, Metric, Row, Scores};
 use crate::engine::sampling::SamplingConfig;
 use crate::methods::prism::PrismFigures;
 use crate::methods::MethodFigures;
@@ -75,8 +75,7 @@ fn tables(out: &mut String, rows: &[Row], level: usize) {
         return;
     }
     let _ = writeln!(out, "{heading} Across chunk sizes\n");
-    let measured = |metric: Metric| rows.iter().any(|row| row.metric(metric).is_some());
-    for metric in Metric::ALL.into_iter().filter(|&metric| measured(metric)) {
+    for metric in measured(rows) {
         let _ = writeln!(out, "{heading}# {}\n", metric_title(metric));
         table_across_chunk_sizes(out, rows, metric);
         out.push('\n');

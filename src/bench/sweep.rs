@@ -8,7 +8,7 @@
 //! the server is what it would be alone.
 
 use super::code_retrieval::{self, Task};
-use super::results::{self, Machine, Metric, Pending, Row, Scores};
+use super::results::{self, Machine, Pending, Row, Scores};
 use super::{charts, report};
 use crate::engine::device::DeviceChoice;
 use crate::engine::prompt_format::PromptFormat;
@@ -839,9 +839,7 @@ fn judge_summary(
     questions: Option<&[QaPair]>,
 ) -> Result<Scores> {
     let dir = RunDir::create(run_dir)?;
-    let summary_path = dir.file(RunDir::SUMMARY)?;
-    let summary =
-        std::fs::read_to_string(&summary_path).map_err(|err| Error::io(&summary_path, err))?;
+    let summary = read_answer(run_dir)?;
     judge.clear_cache();
     let mut llm = EngineLlm::new(judge, GenerateOptions::default());
     let config = CoherenceConfig { constrained: true };
@@ -897,8 +895,7 @@ fn git_state() -> (String, Option<bool>) {
 fn write_reports(bench: &RunDir, rows: &[Row]) -> Result<()> {
     bench.write_text(RESULTS_CSV, &results::csv(rows))?;
     bench.write_text(REPORT, &report::markdown(rows))?;
-    let measured = |metric: Metric| rows.iter().any(|row| row.metric(metric).is_some());
-    for metric in Metric::ALL.into_iter().filter(|&metric| measured(metric)) {
+    for metric in results::measured(rows) {
         let chart = charts::svg(metric, &results::series(rows, metric))?;
         bench.write_text(metric.chart_file(), &chart)?;
     }

@@ -192,6 +192,14 @@ pub fn find<'a>(rows: &'a [Row], method: &str, chunk_tokens: usize) -> Option<&'
         .find(|row| row.method == method && row.chunk_tokens == chunk_tokens)
 }
 
+/// The metrics some row of `rows` measured, in [`Metric::ALL`]'s order:
+/// accuracy only in code-retrieval sweeps.
+pub fn measured(rows: &[Row]) -> impl Iterator<Item = Metric> + '_ {
+    Metric::ALL
+        .into_iter()
+        .filter(|&metric| rows.iter().any(|row| row.metric(metric).is_some()))
+}
+
 /// The runs of `method` at `chunk_tokens`: one per code-retrieval task, or
 /// the one run of a summary sweep; the last of each when a run was
 /// recorded twice.
