@@ -8,7 +8,7 @@ use prism::engine::source::ModelSource;
 use prism::engine::{Engine, LoadOptions};
 use prism::llm::Llm;
 use prism::memory::revise::RefusalKind;
-use prism::memory::{render_revision, Schema};
+use prism::memory::{render_revision, shipped, Schema};
 use prism::methods::prism::{MemoryMode, Prism, PrismConfig, PrismFigures, PrismState, Step};
 use prism::methods::AnswerForm;
 use prism::run::dir::RunDir;
@@ -58,12 +58,21 @@ fn run_all(
 fn run_scripted(
     memory: MemoryMode,
     updates: bool,
+    llm: ScriptedLlm,
+    dir: &std::path::Path,
+) -> (Outcome<PrismFigures>, Vec<Step>, ScriptedLlm) {
+    run_scripted_on(&book_schema(), memory, updates, llm, dir)
+}
+
+fn run_scripted_on(
+    schema: &Schema,
+    memory: MemoryMode,
+    updates: bool,
     mut llm: ScriptedLlm,
     dir: &std::path::Path,
 ) -> (Outcome<PrismFigures>, Vec<Step>, ScriptedLlm) {
-    let schema = book_schema();
     let config = config(memory, updates);
-    let method = Prism::new(&config, &schema);
+    let method = Prism::new(&config, schema);
     let run_dir = RunDir::create(dir).unwrap();
     let files = scripted_files(&run_dir, false, None);
     let outcome = drive(&method, &mut llm, &chunks(4), &files, &mut NoProgress).unwrap();
@@ -249,6 +258,46 @@ fn a_step_stops_at_a_line_that_goes_round_in_circles() {
     assert!(steps[0].rejected.is_empty(), "{:?}", steps[0].rejected);
     assert_eq!(stats.method_figures.revision_steps_stopped, 1);
     assert_eq!(stats.method_figures.revisions_duplicate, 0);
+}
+
+/// Adding again at a key the step already wrote is going round too, even
+/// when the note says something new: without updates every such line is
+/// refused, so decoding on would spend the budget on nothing.
+#[test]
+fn a_step_stops_when_it_adds_again_at_a_key_it_wrote() {
+    let code = Schema::from_value(&serde_json::from_str(shipped::CODE).unwrap()).unwrap();
+    let note = |key: &str, purpose: &str| {
+        format!(
+            r#"{{"op": "add", "path": "$.{key}", "value": {{"purpose": "{purpose}", "input": "x", "output": "y", "procedure": "z"}}}}"#
+        )
+    };
+    let again = note("sizes", "formats file sizes");
+    let replies = [
+        [note("sizes", "the package"), again.clone(), String::new()].join("\n"),
+        note("parse", "reads a number"),
+        String::new(),
+        String::new(),
+        "sizes".to_string(),
+    ];
+    let replies: Vec<&str> = replies.iter().map(String::as_str).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let (outcome, steps, _) = run_scripted_on(
+        &code,
+        MemoryMode::Amendments,
+        false,
+        ScriptedLlm::new(&replies),
+        dir.path(),
+    );
+    let Outcome::Finished { stats, .. } = outcome else {
+        panic!("the run should finish")
+    };
+    assert_eq!(steps[0].stopped_before.as_deref(), Some(again.as_str()));
+    assert_eq!(steps[0].applied.len(), 1);
+    assert!(steps[0].rejected.is_empty(), "{:?}", steps[0].rejected);
+    // A new key in a later step is a new note, not a loop.
+    assert_eq!(steps[1].stopped_before, None);
+    assert_eq!(steps[1].applied.len(), 1);
+    assert_eq!(stats.method_figures.revision_steps_stopped, 1);
 }
 
 #[test]

@@ -12,9 +12,9 @@
 //! strings of four or more words, when the two word sets share at least
 //! [`NEAR_DUPLICATE_JACCARD`] of their union. A string of four or more words
 //! is an echo when at least [`ECHO_SHARE`] of its word 4-grams occur in the
-//! reference text, and so is a new key of two or more words that the
-//! reference contains (a name lifted from a worked example). Numbers and
-//! booleans pass.
+//! reference text, and so is a new key or a shorter string that is a name of
+//! two or three capitalized words in the reference (lifted from a worked
+//! example). Numbers and booleans pass.
 
 use std::collections::HashSet;
 
@@ -34,8 +34,9 @@ pub const ECHO_SHARE: f64 = 0.5;
 /// shows the model going round in circles (see [`Screen::goes_round`]).
 pub const LOOP_JACCARD: f64 = 0.5;
 /// Strings shorter than this (in words) are never near-duplicates, and are
-/// echoes only when the whole of them is a phrase of the reference: a name
-/// or a date may rightly recur, but not a name lifted from a worked example.
+/// echoes only when the whole of them is a name in the reference: a name or
+/// a date of the document may rightly recur, but not one lifted from a
+/// worked example.
 const MIN_WORDS: usize = 4;
 
 /// Why a value was screened out.
@@ -67,8 +68,8 @@ pub struct Screened {
 }
 
 /// The text a revision must not copy, indexed by word 4-grams, and by the
-/// two- and three-word phrases a new key could lift from it (a name from a
-/// worked example, say).
+/// two- and three-word names a new key or a short note could lift from it (a
+/// person in a worked example, say).
 #[derive(Debug, Clone, Default)]
 pub struct Screen {
     reference: HashSet<[String; 4]>,
@@ -82,11 +83,8 @@ impl Screen {
         let mut grams = HashSet::new();
         let mut phrases = HashSet::new();
         for text in reference {
-            let words = words(text);
-            grams.extend(four_grams(&words));
-            for n in [2, 3] {
-                phrases.extend(words.windows(n).map(|phrase| phrase.join(" ")));
-            }
+            grams.extend(four_grams(&words(text)));
+            phrases.extend(names(text));
         }
         Screen {
             reference: grams,
@@ -236,7 +234,7 @@ impl Screen {
     }
 
     /// The first key on `revision`'s path that `memory` does not have yet,
-    /// when it is a phrase of two or more words taken from the reference.
+    /// when it copies the reference (see [`Screen::is_echo`]).
     fn echoed_new_key(&self, memory: &Value, revision: &Revision) -> Option<String> {
         let mut at = Some(memory);
         for segment in revision.path.segments() {
@@ -268,7 +266,7 @@ impl Screen {
             })
     }
 
-    /// Whether `words` copy the reference: a phrase of two or three words
+    /// Whether `words` copy the reference: a name of two or three words
     /// that stands in it whole, or a longer text at least [`ECHO_SHARE`] of
     /// whose 4-grams do.
     fn is_echo(&self, words: &[String]) -> bool {
@@ -285,6 +283,29 @@ impl Screen {
             .count();
         copied as f64 >= ECHO_SHARE * grams.len() as f64
     }
+}
+
+/// The two- and three-word runs of capitalized words in `text` (`idris
+/// fenn`, `councillor idris fenn`), as lowercase phrases. Only names count:
+/// a short phrase of common words, such as the worked example's "a string",
+/// is also what a note on the document rightly says.
+fn names(text: &str) -> Vec<String> {
+    let is_name = |word: &&str| word.starts_with(|c: char| c.is_uppercase() || c.is_ascii_digit());
+    let words: Vec<&str> = text
+        .split(|c: char| !c.is_alphanumeric() && c != '\'')
+        .map(|word| word.trim_matches('\''))
+        .filter(|word| !word.is_empty())
+        .collect();
+    let mut phrases = Vec::new();
+    for n in [2, 3] {
+        phrases.extend(
+            words
+                .windows(n)
+                .filter(|run| run.iter().all(is_name))
+                .map(|run| run.join(" ").to_lowercase()),
+        );
+    }
+    phrases
 }
 
 /// Whether `candidate` says what one of `seen` already says.
@@ -482,6 +503,21 @@ mod tests {
             json!(["Fenn Idris", "Councillor Fenn resigned"]),
         );
         assert_eq!(screen.screen(&json!({}), &own).kept, Some(own));
+    }
+
+    /// Only names count as lifted: "a string" in a worked example is also
+    /// what a note on the document's own code rightly says.
+    #[test]
+    fn a_short_phrase_of_common_words_is_not_an_echo() {
+        let screen = Screen::new([
+            r#"Revisions: {"tokens": {"input": "sentence, a string", "output": "a list of strings"}}"#,
+        ]);
+        let note = rev(
+            Op::Add,
+            "$.ordinal",
+            json!({"input": "a number", "output": "a string"}),
+        );
+        assert_eq!(screen.screen(&json!({}), &note).kept, Some(note));
     }
 
     #[test]

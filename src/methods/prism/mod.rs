@@ -23,7 +23,10 @@ use crate::error::Result;
 use crate::llm::{Llm, Prompt};
 use crate::memory::grammar::{binds_a_limit, revision_grammar, MAX_LINES};
 use crate::memory::revise::{apply_revisions, RefusalKind, Refused};
-use crate::memory::{parse_revisions, render_in_place, Amendments, Revision, Schema, Screen};
+use crate::memory::{
+    apply, parse_revisions, render_in_place, Amendments, Op, RejectionKind, Revision, Schema,
+    Screen,
+};
 use crate::methods::AnswerForm;
 use crate::metrics::Tokens;
 use crate::run::dir::RunDir;
@@ -381,6 +384,9 @@ impl<'a> Prism<'a> {
     /// model going round in circles. A small model under greedy decoding that
     /// repeats or rewords a note does so until its token budget runs out, so
     /// the step stops at the first such line rather than decoding the rest.
+    /// Adding again at a key this step already wrote is the same loop in
+    /// another form: Qwen2.5-Coder-1.5B under the code schema added
+    /// `$.humanize` a dozen times over, each refused, until its budget ran out.
     fn goes_round(&self, memory: &Value, kept: &str, line: &str) -> bool {
         let Some(Ok(revision)) = parse_revisions(line).into_iter().next() else {
             return false;
@@ -393,7 +399,14 @@ impl<'a> Prism<'a> {
             self.config.updates,
             Some(&self.screen),
         );
-        self.screen.goes_round(&memory, &revision)
+        let adds_again_where_refused = revision.op == Op::Add
+            && parse_revisions(kept)
+                .iter()
+                .flatten()
+                .any(|earlier| earlier.path == revision.path)
+            && apply(&memory, &revision, self.schema)
+                .is_err_and(|refusal| refusal.kind == RejectionKind::PathExists);
+        adds_again_where_refused || self.screen.goes_round(&memory, &revision)
     }
 
     /// Parse `output`, take out of each revision what is redundant, and apply
