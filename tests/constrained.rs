@@ -111,3 +111,46 @@ fn a_broken_grammar_is_a_clear_error() {
     let err = engine.generate(&prompt, &options).unwrap_err();
     assert!(err.to_string().starts_with("grammar:"), "{err}");
 }
+
+/// A revision grammar over a schema whose keys have a pattern of their own
+/// (`propertyNames`) compiles, and every key it lets the model write fits.
+#[test]
+fn a_revision_grammar_spells_new_keys_as_the_schema_asks() {
+    use prism::memory::grammar::revision_grammar;
+    use prism::memory::{apply, parse_revisions, Schema};
+    let dir = tempfile::tempdir().unwrap();
+    let chars = "{}\":,$.' _\n0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNO";
+    let mut engine = tiny_engine_with_words(
+        dir.path(),
+        11,
+        chars.chars().map(String::from),
+        "tiny-key-chars",
+    );
+    let schema = Schema::from_value(&serde_json::json!({
+        "type": "object",
+        "propertyNames": {"pattern": "^[a-z_]{1,6}$"},
+        "additionalProperties": {"type": "boolean"},
+    }))
+    .unwrap();
+    // At least one line, so that the test sees a key.
+    let grammar = revision_grammar(&schema, &serde_json::json!({}), false, 3).replacen(
+        "line{0,3}",
+        "line{1,3}",
+        1,
+    );
+    assert!(grammar.contains("/[a-z_]{1,6}/"), "{grammar}");
+    let prompt = engine.text_prompt("x").unwrap();
+    let options = GenerateOptions {
+        max_tokens: 200,
+        grammar: Some(Grammar::Lark(grammar)),
+        ..GenerateOptions::default()
+    };
+    let text = engine.generate(&prompt, &options).unwrap().text;
+    let revisions: Vec<_> = parse_revisions(&text).into_iter().collect();
+    assert!(!revisions.is_empty(), "{text:?}");
+    let mut memory = serde_json::json!({});
+    for revision in revisions {
+        let revision = revision.unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        memory = apply(&memory, &revision, &schema).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    }
+}

@@ -80,7 +80,7 @@ impl LineRules {
             let value = serde_json::to_string(&value).expect("a JSON value serializes");
             let head = lark_string(&format!("{{\"op\": \"{op}\", \"path\": \"{}", path.before));
             let tail = lark_string(&format!("{}\", \"value\": ", path.after));
-            let key = if path.new_key { " KEY " } else { " " };
+            let key = path.key.map_or(" ".to_string(), |key| format!(" {key} "));
             rules.push(format!("{name}: {head}{key}{tail} %json {value} \"}}\\n\""));
             match op {
                 Op::Add => adds.push(name),
@@ -89,7 +89,7 @@ impl LineRules {
         };
         for (pattern, node) in schema.add_targets(memory) {
             match &pattern.next {
-                Next::NewKey => add_rule(Op::Add, PathText::new_key(&pattern.prefix), node),
+                Next::NewKey => add_rule(Op::Add, PathText::new_key(schema, &pattern.prefix), node),
                 Next::Key(name) => add_rule(
                     Op::Add,
                     PathText::fixed(&pattern.prefix.key(name.clone())),
@@ -133,18 +133,19 @@ pub fn binds_a_limit(revision: &Revision) -> bool {
 
 /// Lark expressions for the path of each key an `add` could create in
 /// `memory`, each written as a JSON string (`"$.'" KEY "'"` with its quotes).
-/// They use the `KEY` terminal of [`LineRules::definitions`].
+/// They use the `KEY` terminal of [`LineRules::definitions`] where the
+/// schema does not spell keys its own way.
 pub(crate) fn new_key_paths(schema: &Schema, memory: &Value) -> Vec<String> {
     schema
         .add_targets(memory)
         .into_iter()
         .filter_map(|(pattern, _)| {
             let path = match &pattern.next {
-                Next::NewKey => PathText::new_key(&pattern.prefix),
+                Next::NewKey => PathText::new_key(schema, &pattern.prefix),
                 Next::Key(name) => PathText::fixed(&pattern.prefix.key(name.clone())),
                 Next::Index(_) => return None,
             };
-            let key = if path.new_key { " KEY " } else { " " };
+            let key = path.key.map_or(" ".to_string(), |key| format!(" {key} "));
             Some(format!(
                 "{}{key}{}",
                 lark_string(&format!("\"{}", path.before)),
@@ -165,7 +166,8 @@ pub fn memory_json_schema(schema: &Schema) -> Value {
 struct PathText {
     before: String,
     after: String,
-    new_key: bool,
+    /// The Lark expression of the new key, if the path ends in one.
+    key: Option<String>,
 }
 
 impl PathText {
@@ -173,16 +175,25 @@ impl PathText {
         PathText {
             before: json_escape(&path.to_string()),
             after: String::new(),
-            new_key: false,
+            key: None,
         }
     }
 
     /// `prefix.'KEY'`, quoted so any spelling the KEY pattern allows parses.
-    fn new_key(prefix: &JsonPath) -> Self {
+    /// Where the schema gives keys a pattern of their own (`propertyNames`),
+    /// the key follows it instead.
+    fn new_key(schema: &Schema, prefix: &JsonPath) -> Self {
+        let key = match schema.at_path(prefix).map(|node| &node.kind) {
+            Some(NodeKind::Object {
+                key_pattern: Some(pattern),
+                ..
+            }) => format!("/{}/", pattern.unanchored().replace('/', "\\/")),
+            _ => "KEY".to_string(),
+        };
         PathText {
             before: format!("{}.'", json_escape(&prefix.to_string())),
             after: "'".to_string(),
-            new_key: true,
+            key: Some(key),
         }
     }
 }
@@ -242,6 +253,7 @@ fn value_schema(
             properties,
             required,
             additional,
+            ..
         } => {
             let properties: Map<String, Value> = properties
                 .iter()

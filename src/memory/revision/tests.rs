@@ -392,7 +392,9 @@ fn realize(step: &Step, memory: &Value, schema: &Schema) -> Option<(Revision, bo
                 Next::Key(name) => pattern.prefix.key(name.clone()),
                 Next::Index(index) => pattern.prefix.index(*index),
             };
+            // A new key must also be spelled as the schema asks.
             let fits = schema.validate_node(node, value).is_ok()
+                && schema.at_path(&path).is_some()
                 && lookup(memory, path.segments()).is_none();
             Some((Revision::add(path, value.clone()), fits))
         }
@@ -457,4 +459,21 @@ proptest! {
         }
         prop_assert_eq!(amendments.effective(&schema), memory);
     }
+}
+
+/// The code schema keys functions by name (`propertyNames`): a note keyed
+/// by a phrase is refused whether it names the key in its path or merges it.
+#[test]
+fn a_key_the_schema_does_not_spell_so_is_refused() {
+    let schema = load("code.json");
+    let note = json!({"purpose": "p", "input": "i", "output": "o", "procedure": "s"});
+    let named = rev(Op::Add, "$.naturalsize", note.clone());
+    assert!(apply(&json!({}), &named, &schema).is_ok());
+    let phrase = rev(Op::Add, "$.'main package for humanize'", note.clone());
+    assert_eq!(
+        kind_of(&json!({}), &phrase, &schema),
+        RejectionKind::NotAllowed
+    );
+    let merged = rev(Op::Add, "$", json!({"main package": note}));
+    assert!(apply(&json!({}), &merged, &schema).is_err());
 }

@@ -23,12 +23,19 @@ impl Schema {
             }
         }
         let root = load_node(value, "#", true)?;
-        let schema = Schema { root, defs };
+        let mut schema = Schema {
+            root,
+            defs,
+            worked_example: None,
+        };
         schema.check_refs()?;
-        match &schema.resolve(&schema.root).kind {
-            NodeKind::Object { .. } => Ok(schema),
-            _ => Err("#: the memory must be an object (\"type\": \"object\")".into()),
+        if !matches!(schema.resolve(&schema.root).kind, NodeKind::Object { .. }) {
+            return Err("#: the memory must be an object (\"type\": \"object\")".into());
         }
+        if let Some(example) = map.get(example::KEYWORD) {
+            schema.worked_example = Some(WorkedExample::load(example, &schema)?);
+        }
+        Ok(schema)
     }
 
     /// Every `$ref` names a definition, and no chain of references loops
@@ -120,16 +127,17 @@ fn check_keywords(map: &Map<String, Value>, pointer: &str, is_root: bool) -> Res
                 | "properties"
                 | "required"
                 | "additionalProperties"
+                | "propertyNames"
                 | "items"
                 | "enum"
                 | "title"
                 | "description"
                 | "$ref"
         ) || IGNORED_KEYWORDS.contains(&key.as_str())
-            || (key == "$defs" && is_root);
+            || (is_root && (key == "$defs" || key == example::KEYWORD));
         if !known {
             let hint = match key.as_str() {
-                "$defs" => " ($defs is supported only at the top level)",
+                "$defs" | example::KEYWORD => " (supported only at the top level)",
                 "definitions" => " (use $defs)",
                 _ => "",
             };
@@ -159,6 +167,7 @@ fn load_reference(
         "properties",
         "required",
         "additionalProperties",
+        "propertyNames",
         "items",
         "enum",
     ] {
@@ -184,9 +193,14 @@ fn load_kind(map: &Map<String, Value>, pointer: &str) -> Result<NodeKind, String
         }
         Some(_) => return Err(format!("{pointer}/type: must be a string")),
     };
-    let has_object_keywords = ["properties", "required", "additionalProperties"]
-        .iter()
-        .any(|k| map.contains_key(*k));
+    let has_object_keywords = [
+        "properties",
+        "required",
+        "additionalProperties",
+        "propertyNames",
+    ]
+    .iter()
+    .any(|k| map.contains_key(*k));
     let inferred = declared.or(if has_object_keywords {
         Some("object")
     } else if map.contains_key("items") {
@@ -203,7 +217,10 @@ fn load_kind(map: &Map<String, Value>, pointer: &str) -> Result<NodeKind, String
     match inferred {
         None => Ok(NodeKind::Any),
         Some(t @ ("string" | "number" | "integer" | "boolean")) => {
-            misplaced(&["properties", "required", "additionalProperties", "items"], t)?;
+            misplaced(
+                &["properties", "required", "additionalProperties", "propertyNames", "items"],
+                t,
+            )?;
             Ok(match t {
                 "string" => NodeKind::String,
                 "number" => NodeKind::Number,
@@ -212,7 +229,10 @@ fn load_kind(map: &Map<String, Value>, pointer: &str) -> Result<NodeKind, String
             })
         }
         Some("array") => {
-            misplaced(&["properties", "required", "additionalProperties"], "array")?;
+            misplaced(
+                &["properties", "required", "additionalProperties", "propertyNames"],
+                "array",
+            )?;
             let items = match map.get("items") {
                 None => SchemaNode::any(),
                 Some(items) => load_node(items, &format!("{pointer}/items"), false)?,
@@ -273,9 +293,50 @@ fn load_object(map: &Map<String, Value>, pointer: &str) -> Result<NodeKind, Stri
             ));
         }
     }
+    let key_pattern = match map.get("propertyNames") {
+        None => None,
+        Some(names) => Some(load_key_pattern(
+            names,
+            &format!("{pointer}/propertyNames"),
+        )?),
+    };
+    if let Some(pattern) = &key_pattern {
+        if let Some((name, _)) = properties.iter().find(|(name, _)| !pattern.matches(name)) {
+            return Err(format!(
+                "{pointer}/properties: `{name}` does not match propertyNames {pattern}"
+            ));
+        }
+    }
     Ok(NodeKind::Object {
         properties,
         required,
         additional,
+        key_pattern,
+    })
+}
+
+/// `propertyNames`, which prism supports as `{"pattern": "^…$"}` only: the
+/// anchors make the pattern say what a whole key is, so that the same text
+/// serves as a grammar terminal for constrained decoding.
+fn load_key_pattern(value: &Value, pointer: &str) -> Result<KeyPattern, String> {
+    let source = match value {
+        Value::Object(map) if map.len() == 1 => map.get("pattern").and_then(Value::as_str),
+        _ => None,
+    };
+    let Some(source) = source else {
+        return Err(format!(
+            "{pointer}: only an object with a single `pattern` is supported"
+        ));
+    };
+    if source.len() < 2 || !source.starts_with('^') || !source.ends_with('$') {
+        return Err(format!(
+            "{pointer}/pattern: `{source}` must be anchored as ^…$ to say what a whole key is"
+        ));
+    }
+    let regex = regex::Regex::new(source)
+        .map_err(|e| format!("{pointer}/pattern: `{source}` is not a regular expression: {e}"))?;
+    Ok(KeyPattern {
+        source: source.to_string(),
+        regex,
     })
 }

@@ -4,10 +4,12 @@
 //!
 //! Supported keywords: `type` (one of `object`, `array`, `string`, `number`,
 //! `integer`, `boolean`), `properties`, `required`, `additionalProperties`
-//! (`true`, `false` or a schema), `items`, `enum`, `title`, `description`,
+//! (`true`, `false` or a schema), `propertyNames` with a `pattern` anchored at
+//! both ends, `items`, `enum`, `title`, `description`,
 //! `$defs` (at the root) and local references `"$ref": "#/$defs/Name"`.
 //! `$schema`, `$id`, `$comment`, `default` and `examples` are accepted and
-//! ignored. Any other keyword is refused with an error that names it, so a
+//! ignored. At the top level, `x-worked-example` holds an example of the task
+//! for PRISM's prompt (see [`WorkedExample`]). Any other keyword is refused with an error that names it, so a
 //! schema never silently means less than its author wrote.
 //!
 //! Choices worth knowing:
@@ -18,6 +20,7 @@
 //!   JSON Schema; the schemas shipped in `schemas/` always spell it out.
 //! - The memory itself (the root, after following `$ref`) must be an object.
 
+mod example;
 mod load;
 mod targets;
 mod types;
@@ -29,6 +32,8 @@ use serde_json::Value;
 
 use super::path::{is_plain_key, JsonPath, Segment};
 use crate::error::{Error, Result};
+
+pub use example::WorkedExample;
 
 /// One node of a schema: what it accepts, plus its human-readable notes.
 #[derive(Debug, Clone, PartialEq)]
@@ -60,9 +65,43 @@ pub enum NodeKind {
         required: Vec<String>,
         /// The schema of keys not in `properties`; `None` forbids them.
         additional: Option<Box<SchemaNode>>,
+        /// How every key must be spelled (`propertyNames`), if the schema says.
+        key_pattern: Option<KeyPattern>,
     },
     /// `#/$defs/<name>`; [`Schema::resolve`] follows it.
     Ref(String),
+}
+
+/// A `propertyNames` pattern: a regular expression a whole key must match.
+#[derive(Debug, Clone)]
+pub struct KeyPattern {
+    /// As the schema wrote it, `^` and `$` included.
+    source: String,
+    regex: regex::Regex,
+}
+
+impl KeyPattern {
+    /// The pattern without its anchors, for a grammar terminal, which always
+    /// matches whole.
+    pub fn unanchored(&self) -> &str {
+        &self.source[1..self.source.len() - 1]
+    }
+
+    pub fn matches(&self, key: &str) -> bool {
+        self.regex.is_match(key)
+    }
+}
+
+impl PartialEq for KeyPattern {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
+}
+
+impl fmt::Display for KeyPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.source)
+    }
 }
 
 /// A loaded schema: the root node and the named definitions it refers to.
@@ -70,6 +109,7 @@ pub enum NodeKind {
 pub struct Schema {
     root: SchemaNode,
     defs: Vec<(String, SchemaNode)>,
+    worked_example: Option<WorkedExample>,
 }
 
 /// Where a revision may `add` something new: a path that exists in the memory
@@ -189,6 +229,11 @@ impl Schema {
         self.root.description.as_deref()
     }
 
+    /// The example of the task this schema serves, if it carries one.
+    pub fn worked_example(&self) -> Option<&WorkedExample> {
+        self.worked_example.as_ref()
+    }
+
     /// The named definition, from `$defs`.
     pub fn def(&self, name: &str) -> Option<&SchemaNode> {
         self.defs.iter().find(|(n, _)| n == name).map(|(_, d)| d)
@@ -252,6 +297,7 @@ impl Schema {
                     properties,
                     required,
                     additional,
+                    key_pattern,
                 },
                 Value::Object(members),
             ) => {
@@ -264,6 +310,9 @@ impl Schema {
                     let child = match properties.iter().find(|(name, _)| name == key) {
                         Some((_, child)) => child,
                         None => match additional {
+                            Some(_) if !fits(key_pattern, key) => {
+                                return Err(misspelled_key(&path.key(key.clone()), key_pattern))
+                            }
                             Some(child) => child,
                             None => {
                                 return Err(format!(
@@ -309,12 +358,19 @@ impl Schema {
                     NodeKind::Object {
                         properties,
                         additional,
+                        key_pattern,
                         ..
                     },
                     Segment::Key(key),
                 ) => match properties.iter().find(|(name, _)| name == key) {
                     Some((_, child)) => child,
                     None => match additional {
+                        Some(_) if !fits(key_pattern, key) => {
+                            return Err(WalkError::NotAllowed(misspelled_key(
+                                &here.key(key.clone()),
+                                key_pattern,
+                            )))
+                        }
                         Some(child) => child,
                         None => {
                             return Err(WalkError::NotAllowed(format!(
@@ -409,6 +465,19 @@ fn kind_name(kind: &NodeKind) -> &'static str {
         NodeKind::Object { .. } => "object",
         NodeKind::Ref(_) => "reference",
     }
+}
+
+/// Whether `key` is spelled as `pattern` asks (any key, without one).
+fn fits(pattern: &Option<KeyPattern>, key: &str) -> bool {
+    pattern.as_ref().is_none_or(|pattern| pattern.matches(key))
+}
+
+fn misspelled_key(path: &JsonPath, pattern: &Option<KeyPattern>) -> String {
+    let pattern = pattern
+        .as_ref()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    format!("{path}: the schema's keys here must match {pattern}")
 }
 
 fn allowed_keys_hint(properties: &[(String, SchemaNode)]) -> String {

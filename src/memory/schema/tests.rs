@@ -303,3 +303,113 @@ fn targets_list_what_exists_and_what_may_be_created() {
     assert!(adds[1].0.matches(&path("$.attributes.Food[2]")));
     assert!(!adds[1].0.matches(&path("$.attributes.Food[1]")));
 }
+
+/// A keyed schema with one worked example whose revisions are `revisions`.
+fn with_example(memory: Value, revisions: Value) -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": {"type": "object", "properties": {"purpose": {"type": "string"}}, "additionalProperties": false},
+        "x-worked-example": {"memory": memory, "text": "def area(r): ...", "revisions": revisions},
+    })
+}
+
+#[test]
+fn a_worked_example_is_kept_when_each_revision_applies_in_turn() {
+    let value = with_example(
+        json!({}),
+        json!([
+            {"op": "add", "path": "$.area", "value": {}},
+            {"op": "add", "path": "$.area.purpose", "value": "the area of a circle"},
+        ]),
+    );
+    let schema = Schema::from_value(&value).unwrap();
+    let example = schema.worked_example().unwrap();
+    assert_eq!(example.text, "def area(r): ...");
+    assert_eq!(example.query, None);
+    assert_eq!(example.revisions.len(), 2);
+    assert!(load("book.json").worked_example().is_none());
+    let code = load("code.json");
+    let shipped = code.worked_example().expect("the code schema carries one");
+    assert!(shipped.text.starts_with("=== File: "), "{}", shipped.text);
+}
+
+#[test]
+fn a_worked_example_that_would_be_refused_is_refused_with_its_place() {
+    for (value, needle) in [
+        (
+            with_example(json!({"area": {"purpose": 3}}), json!([])),
+            "#/x-worked-example/memory",
+        ),
+        (
+            with_example(
+                json!({"area": {"purpose": "a"}}),
+                json!([{"op": "add", "path": "$.area", "value": {"purpose": "b"}}]),
+            ),
+            "#/x-worked-example/revisions/0: add $.area",
+        ),
+        (
+            with_example(
+                json!({"area": {"purpose": "a"}}),
+                json!([{"op": "update", "path": "$.area.purpose", "value": "b"}]),
+            ),
+            "only add revisions",
+        ),
+        (
+            json!({"type": "object", "x-worked-example": {"memory": {}, "revisions": []}}),
+            "missing field `text`",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"type": "object", "x-worked-example": {}}}}),
+            "only at the top level",
+        ),
+    ] {
+        let err = Schema::from_value(&value).unwrap_err().to_string();
+        assert!(err.contains(needle), "{err} lacks {needle}");
+    }
+}
+
+fn identifiers() -> Schema {
+    Schema::from_value(&json!({
+        "type": "object",
+        "propertyNames": {"pattern": "^[a-z_]+$"},
+        "additionalProperties": {"type": "integer"},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn keys_must_match_the_pattern_of_property_names() {
+    let schema = identifiers();
+    assert_eq!(schema.validate(&json!({"parse_size": 3})), Ok(()));
+    let err = schema.validate(&json!({"main package": 3})).unwrap_err();
+    assert!(err.contains("must match ^[a-z_]+$"), "{err}");
+    assert!(schema.at_path(&path("$.parse_size")).is_some());
+    assert!(schema.at_path(&path("$.'main package'")).is_none());
+}
+
+#[test]
+fn property_names_is_refused_unless_an_anchored_pattern_every_property_fits() {
+    for (names, needle) in [
+        (json!({"pattern": "[a-z]+"}), "must be anchored as ^…$"),
+        (json!({"pattern": "^[a-z+$"}), "is not a regular expression"),
+        (json!({"maxLength": 3}), "a single `pattern`"),
+        (
+            json!({"pattern": "^[a-z]+$", "maxLength": 3}),
+            "a single `pattern`",
+        ),
+    ] {
+        let value = json!({"type": "object", "propertyNames": names});
+        let err = Schema::from_value(&value).unwrap_err().to_string();
+        assert!(err.contains(needle), "{err} lacks {needle}");
+    }
+    let declared = json!({
+        "type": "object",
+        "propertyNames": {"pattern": "^[a-z]+$"},
+        "properties": {"Title": {"type": "string"}},
+    });
+    let err = Schema::from_value(&declared).unwrap_err().to_string();
+    assert!(err.contains("`Title` does not match"), "{err}");
+    let on_a_list = json!({"type": "object", "properties": {"a": {"type": "array", "propertyNames": {"pattern": "^a$"}}}});
+    let err = Schema::from_value(&on_a_list).unwrap_err().to_string();
+    assert!(err.contains("`propertyNames` does not apply"), "{err}");
+}

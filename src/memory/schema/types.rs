@@ -96,6 +96,7 @@ impl<'a> TypeRenderer<'a> {
             properties,
             required,
             additional,
+            ..
         } = &node.kind
         else {
             unreachable!("only objects with properties are classes");

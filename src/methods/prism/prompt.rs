@@ -4,7 +4,9 @@
 //! All of it comes before the memory and the chunk and never changes during a
 //! run, so after the first call it is a cached prefix: the examples cost their
 //! tokens once. The examples are about a town council and a software release,
-//! so that nothing in them could pass for the document.
+//! so that nothing in them could pass for the document. A schema made for
+//! another task can carry its own example, which replaces the council's (see
+//! [`WorkedExample`]).
 //!
 //! The model writes one note per line rather than lists of notes: under
 //! greedy decoding Qwen2.5-Coder-1.5B, asked for a list of strings, writes
@@ -14,6 +16,8 @@
 //! same model wrote facts about the world instead of the text.
 
 use super::{AnswerPart, MemoryMode, PrismConfig};
+use crate::memory::render::to_line;
+use crate::memory::schema::WorkedExample;
 use crate::memory::Schema;
 
 pub(super) const SYSTEM: &str = "You keep notes on a long document that you read one chunk at a time. You change your notes only by writing revision lines in the format you are shown.";
@@ -54,19 +58,25 @@ pub(super) fn preamble(config: &PrismConfig, schema: &Schema) -> String {
          {update}\
          \n\
          Rules:\n\
-         1. A note is one short sentence in your own words that makes sense on its own: name who did what.\n\
-         2. Note only what the text says, in its order: its main points, not every line.\n\
+         {what_to_note}\
          3. Do not repeat a note the memory already has, and do not copy these instructions or the examples.\n\
          4. If the text adds nothing the query needs, write nothing.\n\
          \n\
          Examples from unrelated documents:\n\
-         {COUNCIL}\n\
+         {example}\n\
          {RELEASE}\n\
          Your document.\n\
          Query: {query}\n\
          Schema:\n\
          {types}\n\
          {memory_form}\n",
+        what_to_note = match schema.worked_example() {
+            None => SUMMARY_NOTES,
+            Some(_) => QUERY_NOTES,
+        },
+        example = schema
+            .worked_example()
+            .map_or_else(|| COUNCIL.to_string(), render_example),
         query = config.query,
         types = schema.render_types().trim_end(),
     )
@@ -110,6 +120,36 @@ pub(super) const SUMMARIZE_NOTES: &str =
 
 /// The whole final request when the memory holds nothing.
 pub(super) const EMPTY_MEMORY: &str = "No notes were kept while reading the document: say in one sentence that it gave nothing to note.\n";
+
+/// The first two rules, for the stock examples, which keep notes for a
+/// summary.
+const SUMMARY_NOTES: &str = "1. A note is one short sentence in your own words that makes sense on its own: name who did what.\n\
+     2. Note only what the text says, in its order: its main points, not every line.\n";
+
+/// The first two rules where the schema brings an example of its own task.
+/// Asked for "its main points", Qwen2.5-Coder-1.5B noted each file's module
+/// docstring under the code schema rather than the functions the query is
+/// about.
+const QUERY_NOTES: &str = "1. A note is in your own words and makes sense on its own.\n\
+     2. Note only what the query needs from the text, in its order, and leave the rest out.\n";
+
+/// A schema's own example, laid out as the stock ones are.
+fn render_example(example: &WorkedExample) -> String {
+    let mut text = String::new();
+    if let Some(query) = &example.query {
+        text.push_str(&format!("Query: {query}\n"));
+    }
+    text.push_str(&format!(
+        "Memory so far: {}\nText:\n{}\nRevisions:\n",
+        to_line(&example.memory),
+        example.text.trim_end()
+    ));
+    for revision in &example.revisions {
+        text.push_str(&to_line(revision));
+        text.push('\n');
+    }
+    text
+}
 
 const COUNCIL: &str = r#"Schema: events: list[str]; people: dict[str, list[str]]
 Memory so far: {"events": ["The council of Marrow Bay set aside 40,000 to repair the harbour wall."], "people": {}}
@@ -166,6 +206,29 @@ mod tests {
         let with = preamble(&config(true), &schema);
         assert!(with.contains(r#""op": "update""#));
         assert!(with.contains(r#""op": "add""#));
+    }
+
+    #[test]
+    fn a_schema_with_its_own_example_shows_it_instead_of_the_council() {
+        let code = Schema::from_value(&serde_json::from_str(crate::memory::shipped::CODE).unwrap())
+            .unwrap();
+        let opening = preamble(&config(false), &code);
+        assert!(!opening.contains("Marrow Bay"), "{opening}");
+        assert!(opening.contains("def tokens(sentence):"), "{opening}");
+        let shown = render_example(code.worked_example().unwrap());
+        assert!(opening.contains(&shown));
+        let parsed = parse_revisions(revisions_of(&shown));
+        assert_eq!(parsed.len(), 2);
+        assert!(parsed.iter().all(Result::is_ok), "{parsed:?}");
+        let book = Schema::from_value(&serde_json::from_str(crate::memory::shipped::BOOK).unwrap())
+            .unwrap();
+        let stock = preamble(&config(false), &book);
+        assert!(stock.contains(COUNCIL) && stock.contains(SUMMARY_NOTES));
+        assert!(opening.contains(QUERY_NOTES) && !opening.contains(SUMMARY_NOTES));
+        assert!(
+            stock.contains("not every line.\n3. Do not repeat"),
+            "{stock}"
+        );
     }
 
     #[test]
