@@ -14,6 +14,7 @@ use crate::engine::constraint::Grammar;
 use crate::error::{Error, Result};
 use crate::llm::{Llm, Prompt};
 use crate::memory::render::to_line;
+use crate::memory::schema::WorkedExample;
 use crate::memory::{shipped, Schema};
 use crate::metrics::{Figures, Ledger};
 use serde::{Deserialize, Serialize};
@@ -148,7 +149,9 @@ fn shot_schema(shot: &Shot) -> String {
 }
 
 /// `value` with every `{"$ref": "#/$defs/X", …}` replaced by definition X
-/// (the referring node's own notes win), and `$schema` and `$defs` dropped.
+/// (the referring node's own notes win), and `$schema` and `$defs` dropped,
+/// as are the keywords a generated schema cannot use (`propertyNames`, a
+/// worked example): the shot shows only what the grammar lets a reply write.
 fn inline_refs(value: &Value, defs: &Value, depth: usize) -> Value {
     match value {
         Value::Object(map) => {
@@ -166,7 +169,10 @@ fn inline_refs(value: &Value, defs: &Value, depth: usize) -> Value {
                 }
             }
             for (key, child) in map {
-                if !matches!(key.as_str(), "$ref" | "$schema" | "$defs") {
+                if !matches!(
+                    key.as_str(),
+                    "$ref" | "$schema" | "$defs" | "propertyNames" | WorkedExample::KEYWORD
+                ) {
                     out.insert(key.clone(), inline_refs(child, defs, depth));
                 }
             }
@@ -496,6 +502,10 @@ mod tests {
         for shot in SHOTS {
             let text = shot_schema(shot);
             assert!(!text.contains("$ref") && !text.contains("$defs"), "{text}");
+            assert!(
+                !text.contains("x-worked-example") && !text.contains("propertyNames"),
+                "{text}"
+            );
             let value: Value = serde_json::from_str(&text).unwrap();
             Schema::from_value(&value).unwrap();
             check_schema(&text).unwrap();

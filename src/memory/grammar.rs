@@ -80,7 +80,7 @@ impl LineRules {
             let value = serde_json::to_string(&value).expect("a JSON value serializes");
             let head = lark_string(&format!("{{\"op\": \"{op}\", \"path\": \"{}", path.before));
             let tail = lark_string(&format!("{}\", \"value\": ", path.after));
-            let key = path.key.map_or(" ".to_string(), |key| format!(" {key} "));
+            let key = path.key_between();
             rules.push(format!("{name}: {head}{key}{tail} %json {value} \"}}\\n\""));
             match op {
                 Op::Add => adds.push(name),
@@ -145,7 +145,7 @@ pub(crate) fn new_key_paths(schema: &Schema, memory: &Value) -> Vec<String> {
                 Next::Key(name) => PathText::fixed(&pattern.prefix.key(name.clone())),
                 Next::Index(_) => return None,
             };
-            let key = path.key.map_or(" ".to_string(), |key| format!(" {key} "));
+            let key = path.key_between();
             Some(format!(
                 "{}{key}{}",
                 lark_string(&format!("\"{}", path.before)),
@@ -177,6 +177,14 @@ impl PathText {
             after: String::new(),
             key: None,
         }
+    }
+
+    /// What goes between the text before and after: the key's expression
+    /// set off by spaces, or one space.
+    fn key_between(&self) -> String {
+        self.key
+            .as_ref()
+            .map_or(" ".to_string(), |key| format!(" {key} "))
     }
 
     /// `prefix.'KEY'`, quoted so any spelling the KEY pattern allows parses.

@@ -18,9 +18,6 @@ use serde_json::Value;
 use super::Schema;
 use crate::memory::revision::{apply, Op, Revision};
 
-/// The keyword that holds a schema's worked example.
-pub const KEYWORD: &str = "x-worked-example";
-
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkedExample {
@@ -36,21 +33,25 @@ pub struct WorkedExample {
 }
 
 impl WorkedExample {
+    /// The schema keyword that holds it.
+    pub const KEYWORD: &str = "x-worked-example";
+
     /// Read the keyword's value and check it against `schema`.
     pub(super) fn load(value: &Value, schema: &Schema) -> Result<WorkedExample, String> {
-        let example = WorkedExample::deserialize(value).map_err(|e| format!("#/{KEYWORD}: {e}"))?;
+        let at = format!("#/{}", Self::KEYWORD);
+        let example = WorkedExample::deserialize(value).map_err(|e| format!("{at}: {e}"))?;
         schema
             .validate(&example.memory)
-            .map_err(|e| format!("#/{KEYWORD}/memory: {e}"))?;
+            .map_err(|e| format!("{at}/memory: {e}"))?;
         let mut memory = example.memory.clone();
         for (index, revision) in example.revisions.iter().enumerate() {
             if revision.op != Op::Add {
                 return Err(format!(
-                    "#/{KEYWORD}/revisions/{index}: only add revisions may be shown, since runs without updates refuse the rest"
+                    "{at}/revisions/{index}: only add revisions may be shown, since runs without updates refuse the rest"
                 ));
             }
             memory = apply(&memory, revision, schema)
-                .map_err(|e| format!("#/{KEYWORD}/revisions/{index}: {}", e.reason))?;
+                .map_err(|e| format!("{at}/revisions/{index}: {}", e.reason))?;
         }
         Ok(example)
     }

@@ -32,7 +32,7 @@ impl Schema {
         if !matches!(schema.resolve(&schema.root).kind, NodeKind::Object { .. }) {
             return Err("#: the memory must be an object (\"type\": \"object\")".into());
         }
-        if let Some(example) = map.get(example::KEYWORD) {
+        if let Some(example) = map.get(WorkedExample::KEYWORD) {
             schema.worked_example = Some(WorkedExample::load(example, &schema)?);
         }
         Ok(schema)
@@ -134,10 +134,10 @@ fn check_keywords(map: &Map<String, Value>, pointer: &str, is_root: bool) -> Res
                 | "description"
                 | "$ref"
         ) || IGNORED_KEYWORDS.contains(&key.as_str())
-            || (is_root && (key == "$defs" || key == example::KEYWORD));
+            || (is_root && (key == "$defs" || key == WorkedExample::KEYWORD));
         if !known {
             let hint = match key.as_str() {
-                "$defs" | example::KEYWORD => " (supported only at the top level)",
+                "$defs" | WorkedExample::KEYWORD => " (supported only at the top level)",
                 "definitions" => " (use $defs)",
                 _ => "",
             };
