@@ -157,3 +157,53 @@ fn an_empty_or_binary_summary_file_is_one_error_line() {
     let result = run_prism(&["score", "coherence", binary.to_str().unwrap()]);
     assert_one_error_line(&result, "binary");
 }
+
+/// Questions answered side by side, on siblings of the engine whose decode
+/// steps batch, get the answers they get in turn, and the same token counts
+/// but for reuse: each worker has a cache of its own.
+#[test]
+fn questions_answered_side_by_side_match_those_answered_in_turn() {
+    use prism::engine::source::ModelSource;
+    use prism::engine::{Engine, LoadOptions};
+    use prism::llm::Backend;
+    use prism::qa::{score_summary, QaPair};
+    let dir = tempfile::tempdir().unwrap();
+    crate::common::tiny_chat_model(dir.path());
+    let source = ModelSource::HfDir {
+        dir: dir.path().to_path_buf(),
+        name: "tiny-chat".into(),
+    };
+    let engine = Engine::load(&source, &LoadOptions::default()).unwrap();
+    let mut backend = Backend::Local(Box::new(engine));
+    let summary = "w1 w2 w3 w4. w5 w6 w7.";
+    let pairs: Vec<QaPair> = (0..5)
+        .map(|i| QaPair {
+            question: format!("w{} w{}?", i + 1, 9 - i),
+            answer: format!("w{i}"),
+            chunk: None,
+        })
+        .collect();
+    let in_turn = {
+        let mut llm = backend.llm(GenerateOptions::default());
+        score_summary(&mut *llm, summary, &pairs).unwrap()
+    };
+    let side_by_side = {
+        let mut llm = backend
+            .llm_side_by_side(GenerateOptions::default(), 3)
+            .unwrap();
+        score_summary(&mut *llm, summary, &pairs).unwrap()
+    };
+    let answers = |score: &prism::qa::QaScore| -> Vec<String> {
+        score.questions.iter().map(|q| q.answer.clone()).collect()
+    };
+    assert_eq!(answers(&side_by_side), answers(&in_turn));
+    assert_eq!(side_by_side.calls, 5);
+    assert_eq!(
+        side_by_side.figures.prompt_tokens,
+        in_turn.figures.prompt_tokens
+    );
+    assert_eq!(
+        side_by_side.figures.output_tokens,
+        in_turn.figures.output_tokens
+    );
+}

@@ -117,6 +117,10 @@ pub struct ScoreQaArgs {
     /// Print one JSON object: correct_f1, every question, and the calls' token figures.
     #[arg(long)]
     json: bool,
+    /// Questions answered at once, each on its own thread (locally their decode
+    /// steps batch into one forward pass; remotely each is a client of its own).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    concurrency: u16,
     #[command(flatten)]
     backend: BackendArgs,
 }
@@ -126,7 +130,8 @@ pub fn run_score_qa(args: ScoreQaArgs) -> Result<()> {
         prism::document::read_document(&args.summary, prism::document::MAX_DOCUMENT_BYTES)?;
     let pairs = qa::read_pairs(&args.questions)?;
     let mut backend = args.backend.load()?;
-    let mut llm = backend.llm(GenerateOptions::default());
+    let mut llm =
+        backend.llm_side_by_side(GenerateOptions::default(), usize::from(args.concurrency))?;
     let score = qa::score_summary(&mut *llm, &summary, &pairs)?;
     if args.json {
         outln!("{}", serde_json::to_string(&score)?)?;

@@ -39,6 +39,10 @@ pub struct CoherenceArgs {
     /// Decode each verdict under a JSON grammar, so that it always parses.
     #[arg(long, value_enum, default_value = "on")]
     constrained: OnOff,
+    /// Sentences judged at once, each on its own thread (locally their decode
+    /// steps batch into one forward pass; remotely each is a client of its own).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    concurrency: u16,
     #[command(flatten)]
     backend: BackendArgs,
     #[command(flatten)]
@@ -74,7 +78,7 @@ fn run_coherence(args: CoherenceArgs) -> Result<()> {
         ..GenerateOptions::default()
     };
     let judge_model = backend.name().to_string();
-    let mut llm = backend.llm(options);
+    let mut llm = backend.llm_side_by_side(options, usize::from(args.concurrency))?;
     let bar = if super::is_quiet() {
         ProgressBar::hidden()
     } else {

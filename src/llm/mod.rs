@@ -3,6 +3,7 @@
 //! where the calls run: the local engine, or a remote server ([`remote`]).
 
 pub mod remote;
+mod side_by_side;
 
 use crate::engine::constraint::Grammar;
 use crate::engine::prompt_format::PromptFormat;
@@ -11,6 +12,7 @@ use crate::engine::{
 };
 use crate::error::Result;
 use remote::{CacheFigures, RemoteIdentity, RemoteLlm, RemoteModel};
+use side_by_side::SideBySide;
 
 /// A chat prompt: an optional system turn and a user turn given as segments.
 ///
@@ -28,6 +30,15 @@ pub struct Prompt {
 pub struct Completion {
     pub text: String,
     pub usage: Usage,
+}
+
+/// One of a set of calls that do not depend on one another's answers
+/// (see [`Llm::complete_each`]).
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub prompt: Prompt,
+    pub max_tokens: usize,
+    pub grammar: Option<Grammar>,
 }
 
 /// A language model that completes prompts and counts tokens.
@@ -55,6 +66,26 @@ pub trait Llm {
             completion.text.truncate(cut);
         }
         Ok(completion)
+    }
+    /// Complete every one of `requests`, answers in their order, telling
+    /// `done` how many are finished after each. This default runs them in
+    /// turn; a backend opened with [`Backend::llm_side_by_side`] runs several
+    /// at once.
+    fn complete_each(
+        &mut self,
+        requests: &[Request],
+        done: &mut dyn FnMut(usize),
+    ) -> Result<Vec<Completion>> {
+        let mut completions = Vec::with_capacity(requests.len());
+        for request in requests {
+            completions.push(self.complete(
+                &request.prompt,
+                request.max_tokens,
+                request.grammar.as_ref(),
+            )?);
+            done(completions.len());
+        }
+        Ok(completions)
     }
     /// Tokens in `text` on its own.
     fn count_tokens(&self, text: &str) -> Result<usize>;
@@ -139,6 +170,27 @@ impl Backend {
             Backend::Local(engine) => Box::new(EngineLlm::new(engine, options)),
             Backend::Remote(model) => Box::new(RemoteLlm::new(model, options)),
         }
+    }
+
+    /// [`Backend::llm`], but [`Llm::complete_each`] keeps up to
+    /// `concurrency` calls in flight, each on a sibling of this backend.
+    /// Every other call, and everything at a concurrency of 1, runs here.
+    pub fn llm_side_by_side(
+        &mut self,
+        options: GenerateOptions,
+        concurrency: usize,
+    ) -> Result<Box<dyn Llm + '_>> {
+        if concurrency <= 1 {
+            return Ok(self.llm(options));
+        }
+        let workers = (0..concurrency)
+            .map(|_| self.sibling())
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Box::new(SideBySide {
+            primary: self.llm(options.clone()),
+            workers,
+            options,
+        }))
     }
 }
 

@@ -14,7 +14,7 @@ pub mod f1;
 use crate::engine::constraint::Grammar;
 use crate::engine::Usage;
 use crate::error::{Error, Result};
-use crate::llm::{Llm, Prompt};
+use crate::llm::{Llm, Prompt, Request};
 use crate::metrics::{Figures, Ledger};
 use f1::{mean_f1, token_f1};
 use serde::{Deserialize, Serialize};
@@ -329,17 +329,19 @@ pub struct Answered {
 /// Ask `prompt` (an [`answer_prompt`]) and score the reply against `pair`'s answer.
 pub fn ask(llm: &mut dyn Llm, prompt: &Prompt, pair: &QaPair) -> Result<(Answered, Usage)> {
     let completion = llm.complete(prompt, ANSWER_TOKENS, None)?;
-    let answer = clean_answer(&completion.text);
+    Ok((answered(pair, &completion.text), completion.usage))
+}
+
+/// `reply` to `pair`'s question, cleaned and scored against its answer.
+fn answered(pair: &QaPair, reply: &str) -> Answered {
+    let answer = clean_answer(reply);
     let f1 = token_f1(&answer, &pair.answer);
-    Ok((
-        Answered {
-            question: pair.question.clone(),
-            reference: pair.answer.clone(),
-            answer,
-            f1,
-        },
-        completion.usage,
-    ))
+    Answered {
+        question: pair.question.clone(),
+        reference: pair.answer.clone(),
+        answer,
+        f1,
+    }
 }
 
 /// How well a summary answers a set of questions.
@@ -353,15 +355,23 @@ pub struct QaScore {
     pub figures: Figures,
 }
 
-/// Answer every question of `pairs` from `summary` alone and score the answers.
+/// Answer every question of `pairs` from `summary` alone and score the
+/// answers. The questions are independent calls ([`Llm::complete_each`]).
 pub fn score_summary(llm: &mut dyn Llm, summary: &str, pairs: &[QaPair]) -> Result<QaScore> {
+    let requests: Vec<Request> = pairs
+        .iter()
+        .map(|pair| Request {
+            prompt: answer_prompt(summary, &pair.question),
+            max_tokens: ANSWER_TOKENS,
+            grammar: None,
+        })
+        .collect();
+    let completions = llm.complete_each(&requests, &mut |_| {})?;
     let mut ledger = Ledger::default();
     let mut questions = Vec::new();
-    for pair in pairs {
-        let prompt = answer_prompt(summary, &pair.question);
-        let (answered, usage) = ask(llm, &prompt, pair)?;
-        ledger.record(&usage);
-        questions.push(answered);
+    for (pair, completion) in pairs.iter().zip(completions) {
+        ledger.record(&completion.usage);
+        questions.push(answered(pair, &completion.text));
     }
     let f1s: Vec<f64> = questions.iter().map(|answered| answered.f1).collect();
     Ok(QaScore {

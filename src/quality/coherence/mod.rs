@@ -16,7 +16,7 @@
 
 use crate::engine::constraint::Grammar;
 use crate::error::{Error, Result};
-use crate::llm::{Llm, Prompt};
+use crate::llm::{Llm, Prompt, Request};
 use crate::metrics::{Figures, Ledger};
 use crate::sentences::split_sentences;
 use serde::{Deserialize, Serialize};
@@ -263,9 +263,8 @@ pub fn score_coherence(
     }
     let grammar = config.constrained.then(verdict_grammar);
     let start = Instant::now();
-    let mut ledger = Ledger::default();
-    let mut verdicts = Vec::with_capacity(sentences.len());
-    for (index, sentence) in sentences.iter().enumerate() {
+    let mut requests = Vec::with_capacity(sentences.len());
+    for sentence in &sentences {
         let prompt = verdict_prompt(summary, sentence);
         let prompt_tokens = llm.prompt_tokens(&prompt)?;
         let context = llm.context_tokens();
@@ -277,7 +276,18 @@ pub fn score_coherence(
                 ),
             ));
         }
-        let completion = llm.complete(&prompt, VERDICT_TOKENS, grammar.as_ref())?;
+        requests.push(Request {
+            prompt,
+            max_tokens: VERDICT_TOKENS,
+            grammar: grammar.clone(),
+        });
+    }
+    // The sentences are judged independently: each prompt is the summary
+    // and one sentence.
+    let completions = llm.complete_each(&requests, &mut |done| progress(done, sentences.len()))?;
+    let mut ledger = Ledger::default();
+    let mut verdicts = Vec::with_capacity(sentences.len());
+    for (sentence, completion) in sentences.iter().zip(completions) {
         ledger.record(&completion.usage);
         let (verdict, types) = match parse_verdict(&completion.text) {
             Verdict::Clean => (VerdictKind::Clean, Vec::new()),
@@ -290,7 +300,6 @@ pub fn score_coherence(
             types,
             raw: completion.text,
         });
-        progress(index + 1, sentences.len());
     }
     let judge = JudgeStats {
         calls: ledger.calls,
