@@ -461,11 +461,15 @@ proptest! {
     }
 }
 
-/// The code schema keys functions by name (`propertyNames`): a note keyed
-/// by a phrase is refused whether it names the key in its path or merges it.
+/// A schema that keys functions by name (`propertyNames`): a note keyed by
+/// a phrase is refused whether it names the key in its path or merges it.
 #[test]
 fn a_key_the_schema_does_not_spell_so_is_refused() {
-    let schema = load("code.json");
+    let schema = Schema::from_file(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/keyed-code-schema.json"
+    ))
+    .unwrap();
     let note = json!({"purpose": "p", "input": "i", "output": "o", "procedure": "s"});
     let named = rev(Op::Add, "$.naturalsize", note.clone());
     assert!(apply(&json!({}), &named, &schema).is_ok());

@@ -210,8 +210,11 @@ mod tests {
 
     #[test]
     fn a_schema_with_its_own_example_shows_it_instead_of_the_council() {
-        let code = Schema::from_value(&serde_json::from_str(crate::memory::shipped::CODE).unwrap())
-            .unwrap();
+        let code = Schema::from_file(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/keyed-code-schema.json"
+        ))
+        .unwrap();
         let opening = preamble(&config(false), &code);
         assert!(!opening.contains("Marrow Bay"), "{opening}");
         assert!(opening.contains("def tokens(sentence):"), "{opening}");
