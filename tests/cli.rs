@@ -434,3 +434,50 @@ fn query_needs_a_query_and_a_schema_of_its_own() {
         "prism query runs --method prism or whole",
     );
 }
+
+/// `--concurrency` reaches the questions: with the tiny model, four at a
+/// time give the answers, calls and token counts of one at a time.
+#[test]
+fn score_qa_answers_the_same_four_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::common::tiny_chat_model(dir.path());
+    let summary = dir.path().join("summary.txt");
+    std::fs::write(&summary, "w1 w2 w3. w4 w5 w6.\n").unwrap();
+    let questions = dir.path().join("qa.jsonl");
+    let pairs: String = (1..=6)
+        .map(|i| format!("{{\"question\": \"w{i} w7?\", \"answer\": \"w{i}\"}}\n"))
+        .collect();
+    std::fs::write(&questions, pairs).unwrap();
+    let score = |concurrency: &str| -> serde_json::Value {
+        let (success, stdout, stderr) = run_prism(&[
+            "score",
+            "qa",
+            summary.to_str().unwrap(),
+            "--questions",
+            questions.to_str().unwrap(),
+            "--model",
+            dir.path().to_str().unwrap(),
+            "--concurrency",
+            concurrency,
+            "--json",
+        ]);
+        assert!(success, "{stderr}");
+        serde_json::from_str(&stdout).unwrap()
+    };
+    let (in_turn, side_by_side) = (score("1"), score("4"));
+    assert_eq!(side_by_side["questions"], in_turn["questions"]);
+    assert_eq!(side_by_side["calls"], 6);
+    for figure in ["prompt_tokens", "output_tokens"] {
+        assert_eq!(side_by_side["figures"][figure], in_turn["figures"][figure]);
+    }
+    let refused = run_prism(&[
+        "score",
+        "qa",
+        summary.to_str().unwrap(),
+        "--questions",
+        questions.to_str().unwrap(),
+        "--concurrency",
+        "0",
+    ]);
+    assert_one_error_line(&refused, "--concurrency");
+}
