@@ -126,10 +126,10 @@ pub(super) const EMPTY_MEMORY: &str = "No notes were kept while reading the docu
 const SUMMARY_NOTES: &str = "1. A note is one short sentence in your own words that makes sense on its own: name who did what.\n\
      2. Note only what the text says, in its order: its main points, not every line.\n";
 
-/// The first two rules where the schema brings an example of its own task.
-/// Asked for "its main points", Qwen2.5-Coder-1.5B noted each file's module
-/// docstring under the code schema rather than the functions the query is
-/// about.
+/// The first two rules where the schema brings an example of its own task,
+/// which is about its query rather than a summary's main points. They did
+/// not stop Qwen2.5-Coder-1.5B from noting module docstrings first on the
+/// code-retrieval tasks (see the README's code-retrieval section).
 const QUERY_NOTES: &str = "1. A note is in your own words and makes sense on its own.\n\
      2. Note only what the query needs from the text, in its order, and leave the rest out.\n";
 
