@@ -291,11 +291,7 @@ impl Screen {
 /// is also what a note on the document rightly says.
 fn names(text: &str) -> Vec<String> {
     let is_name = |word: &&str| word.starts_with(|c: char| c.is_uppercase() || c.is_ascii_digit());
-    let words: Vec<&str> = text
-        .split(|c: char| !c.is_alphanumeric() && c != '\'')
-        .map(|word| word.trim_matches('\''))
-        .filter(|word| !word.is_empty())
-        .collect();
+    let words: Vec<&str> = spelled_words(text).collect();
     let mut phrases = Vec::new();
     for n in [2, 3] {
         phrases.extend(
@@ -366,10 +362,15 @@ fn collect_strings(
 
 /// Lowercase words of `text`, punctuation dropped.
 pub fn words(text: &str) -> Vec<String> {
+    spelled_words(text).map(str::to_lowercase).collect()
+}
+
+/// The words of `text` as written: runs of letters, digits and apostrophes,
+/// without apostrophes at either end.
+fn spelled_words(text: &str) -> impl Iterator<Item = &str> {
     text.split(|c: char| !c.is_alphanumeric() && c != '\'')
-        .map(|word| word.trim_matches('\'').to_lowercase())
+        .map(|word| word.trim_matches('\''))
         .filter(|word| !word.is_empty())
-        .collect()
 }
 
 fn four_grams(words: &[String]) -> Vec<[String; 4]> {
