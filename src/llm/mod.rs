@@ -87,6 +87,12 @@ pub trait Llm {
         }
         Ok(completions)
     }
+    /// How many of [`complete_each`](Llm::complete_each)'s calls run at
+    /// once. A method hands it that many independent calls per step, so a
+    /// step waits on no call it could have started later.
+    fn concurrency(&self) -> usize {
+        1
+    }
     /// Tokens in `text` on its own.
     fn count_tokens(&self, text: &str) -> Result<usize>;
     /// Tokens in the whole prompt, chat template included.

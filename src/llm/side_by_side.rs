@@ -1,5 +1,6 @@
 //! Independent calls run side by side: the questions of a QA score, the
-//! sentences a judge looks at. Each worker is a sibling of the backend (a
+//! sentences a judge looks at, the chunks that hierarchical merging and
+//! detail summarize on their own. Each worker is a sibling of the backend (a
 //! local engine whose decode steps batch with the others', or another client
 //! of a remote server), so `--concurrency N` keeps N calls in flight while
 //! the method still sees one [`Llm`].
@@ -98,6 +99,10 @@ impl Llm for SideBySide<'_> {
                     .collect()),
             }
         })
+    }
+
+    fn concurrency(&self) -> usize {
+        self.workers.len()
     }
 
     fn count_tokens(&self, text: &str) -> Result<usize> {

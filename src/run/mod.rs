@@ -16,7 +16,7 @@ use crate::engine::sampling::SamplingConfig;
 use crate::engine::LineCheck;
 use crate::error::{Error, Result};
 use crate::llm::remote::CacheFigures;
-use crate::llm::{Completion, Llm, Prompt};
+use crate::llm::{Completion, Llm, Prompt, Request};
 use crate::metrics::degeneration::{echo_share, repeated_ngram_share};
 use crate::metrics::{Figures, Ledger};
 use crate::run::dir::{Checkpoint, RunDir};
@@ -45,8 +45,10 @@ pub trait Method {
     fn start(&self, chunks: &[Chunk]) -> Self::State;
     /// Where the run stands, for progress reports.
     fn position(&self, state: &Self::State, chunks: &[Chunk]) -> Position;
-    /// Do the next unit of work: one model call or a few. It must leave
-    /// `state` complete, since the run may stop right after it.
+    /// Do the next unit of work: one model call or a few, or several units
+    /// at once when their calls are independent and the model runs calls
+    /// side by side ([`Llm::concurrency`]). It must leave `state` complete,
+    /// since the run may stop right after it.
     fn advance(
         &self,
         llm: &mut dyn Llm,
@@ -87,6 +89,8 @@ pub fn blank_chunk() -> Chunk {
 pub enum Advance<S, F = NoFigures> {
     /// More work follows.
     Step(S),
+    /// Several units were done at once, in this order; more work follows.
+    Steps(Vec<S>),
     /// The summary is written; no step line is recorded for this unit.
     Done(Finish<F>),
 }
@@ -265,23 +269,27 @@ pub fn drive<M: Method>(
         let now = session.elapsed().as_secs_f64();
         saved.seconds += now - seconds_at_save;
         seconds_at_save = now;
-        match advance {
+        let steps = match advance {
             Advance::Done(finish) => break finish,
-            Advance::Step(step) => {
-                dir.append_jsonl(RunDir::STEPS, &step)?;
-                completed += 1;
-                this_session += 1;
-                dir.save_checkpoint(&Checkpoint::new(
-                    files.fingerprint.clone(),
-                    completed,
-                    saved.clone(),
-                ))?;
-                progress.step_done(
-                    &method.position(&saved.method, chunks),
-                    &saved.ledger.figures(),
-                );
-            }
+            Advance::Step(step) => vec![step],
+            Advance::Steps(steps) => steps,
+        };
+        // Written before the checkpoint that accounts for them; a crash in
+        // between leaves lines that the next resume cuts back.
+        for step in &steps {
+            dir.append_jsonl(RunDir::STEPS, step)?;
         }
+        completed += steps.len();
+        this_session += steps.len();
+        dir.save_checkpoint(&Checkpoint::new(
+            files.fingerprint.clone(),
+            completed,
+            saved.clone(),
+        ))?;
+        progress.step_done(
+            &method.position(&saved.method, chunks),
+            &saved.ledger.figures(),
+        );
     };
     let (summary, stats) = write_finish(method, &*llm, chunks, files, &saved, completed, finish)?;
     Ok(Outcome::Finished { summary, stats })
@@ -423,6 +431,27 @@ impl Llm for Metered<'_> {
                 .complete_checking_lines(prompt, max_tokens, grammar, refuse_line)?;
         self.ledger.record(&completion.usage);
         Ok(completion)
+    }
+
+    /// Every prompt is checked before the first call starts, so a batch
+    /// that cannot run spends nothing.
+    fn complete_each(
+        &mut self,
+        requests: &[Request],
+        done: &mut dyn FnMut(usize),
+    ) -> Result<Vec<Completion>> {
+        for request in requests {
+            self.check_fits(&request.prompt, request.max_tokens)?;
+        }
+        let completions = self.inner.complete_each(requests, done)?;
+        for completion in &completions {
+            self.ledger.record(&completion.usage);
+        }
+        Ok(completions)
+    }
+
+    fn concurrency(&self) -> usize {
+        self.inner.concurrency()
     }
 
     fn count_tokens(&self, text: &str) -> Result<usize> {
