@@ -102,6 +102,10 @@ pub struct Job<'a> {
     pub out: &'a Path,
     pub resume: bool,
     pub stop_after: Option<usize>,
+    /// Independent calls in flight at once (hierarchical and detail chunks),
+    /// each on a sibling of the backend. The prompts are those of one at a
+    /// time, so it is not part of the fingerprint.
+    pub concurrency: usize,
 }
 
 impl Job<'_> {
@@ -127,7 +131,7 @@ impl Job<'_> {
             sampling: self.sampling.clone(),
             ..GenerateOptions::default()
         };
-        let mut llm = backend.llm(options);
+        let mut llm = backend.llm_side_by_side(options, self.concurrency)?;
         let dir = RunDir::create(self.out)?;
         let files = RunFiles {
             dir: &dir,

@@ -630,3 +630,142 @@ fn every_baseline_names_its_prompt_texts() {
         .iter()
         .any(|text| text.contains("Summaries of the parts before it")));
 }
+
+/// A [`ScriptedLlm`] that says it runs `at_once` calls side by side and
+/// records the size of every batch it is handed; the batches still run in
+/// turn, so the script is read in chunk order.
+struct Batching {
+    inner: ScriptedLlm,
+    at_once: usize,
+    batches: Vec<usize>,
+}
+
+impl Llm for Batching {
+    fn complete(
+        &mut self,
+        prompt: &Prompt,
+        max_tokens: usize,
+        grammar: Option<&Grammar>,
+    ) -> prism::Result<Completion> {
+        self.inner.complete(prompt, max_tokens, grammar)
+    }
+    fn complete_each(
+        &mut self,
+        requests: &[prism::llm::Request],
+        done: &mut dyn FnMut(usize),
+    ) -> prism::Result<Vec<Completion>> {
+        self.batches.push(requests.len());
+        self.inner.complete_each(requests, done)
+    }
+    fn concurrency(&self) -> usize {
+        self.at_once
+    }
+    fn count_tokens(&self, text: &str) -> prism::Result<usize> {
+        self.inner.count_tokens(text)
+    }
+    fn prompt_tokens(&self, prompt: &Prompt) -> prism::Result<usize> {
+        self.inner.prompt_tokens(prompt)
+    }
+    fn context_tokens(&self) -> usize {
+        self.inner.context_tokens()
+    }
+}
+
+/// Run `spec` over five chunks in turn, then three calls at a time: the
+/// independent chunk calls come in batches of three and two, the summary and
+/// every step's output are the same, and a run stopped after one step stops
+/// after its first batch and resumes to the same summary.
+fn assert_batches_change_nothing(spec: MethodSpec, replies: &[&str], batches: &[usize]) {
+    let chunks = chunks(5);
+    let steps_of = |dir: &std::path::Path| -> Vec<serde_json::Value> {
+        RunDir::create(dir)
+            .unwrap()
+            .read_jsonl::<serde_json::Value>(RunDir::STEPS)
+            .unwrap()
+            .into_iter()
+            .map(|step| serde_json::json!([step["output"], step["prompt_tokens"]]))
+            .collect()
+    };
+    let in_turn = tempfile::tempdir().unwrap();
+    let in_turn_dir = RunDir::create(in_turn.path()).unwrap();
+    let mut llm = ScriptedLlm::new(replies);
+    let Outcome::Finished { summary, stats } = spec
+        .run(
+            &mut llm,
+            &chunks,
+            &scripted_files(&in_turn_dir, false, None),
+            &mut NoProgress,
+        )
+        .unwrap()
+    else {
+        panic!("the run should finish")
+    };
+
+    let batched = tempfile::tempdir().unwrap();
+    let batched_dir = RunDir::create(batched.path()).unwrap();
+    let mut llm = Batching {
+        inner: ScriptedLlm::new(replies),
+        at_once: 3,
+        batches: Vec::new(),
+    };
+    let stopped = scripted_files(&batched_dir, false, Some(1));
+    let outcome = spec
+        .run(&mut llm, &chunks, &stopped, &mut NoProgress)
+        .unwrap();
+    assert!(
+        matches!(outcome, Outcome::Paused { completed: 3 }),
+        "{outcome:?}"
+    );
+    let mut rest = Batching {
+        inner: ScriptedLlm::new(&replies[llm.inner.prompts.len()..]),
+        at_once: 3,
+        batches: Vec::new(),
+    };
+    let resumed = scripted_files(&batched_dir, true, None);
+    let Outcome::Finished {
+        summary: again,
+        stats: stats_again,
+    } = spec
+        .run(&mut rest, &chunks, &resumed, &mut NoProgress)
+        .unwrap()
+    else {
+        panic!("the resumed run should finish")
+    };
+    assert_eq!([llm.batches, rest.batches].concat(), batches);
+    assert_eq!(again, summary);
+    assert_eq!(
+        (stats_again.run.calls, stats_again.run.steps),
+        (stats.run.calls, stats.run.steps)
+    );
+    assert_eq!(steps_of(batched.path()), steps_of(in_turn.path()));
+}
+
+#[test]
+fn hierarchical_summarizes_chunks_in_batches_to_the_same_summary() {
+    let spec = MethodSpec::Hierarchical {
+        config: hierarchical_config(900),
+    };
+    let replies = ["A.", "B.", "C.", "D.", "E.", "All five."];
+    assert_batches_change_nothing(spec, &replies, &[3, 2]);
+}
+
+#[test]
+fn detail_summarizes_chunks_in_batches_unless_recursive() {
+    let replies = ["One.", "Two.", "Three.", "Four.", "Five."];
+    let spec = MethodSpec::Detail {
+        config: detail_config(0.0, false),
+    };
+    assert_batches_change_nothing(spec, &replies, &[3, 2]);
+
+    // Each recursive call needs the summaries before it: one call per step.
+    let dir = tempfile::tempdir().unwrap();
+    let config = detail_config(0.0, true);
+    let mut llm = Batching {
+        inner: ScriptedLlm::new(&replies),
+        at_once: 3,
+        batches: Vec::new(),
+    };
+    let (_, stats, _) = finish(&Detail::new(&config), &mut llm, &chunks(5), dir.path());
+    assert_eq!(stats.run.steps, 5);
+    assert!(llm.batches.is_empty());
+}

@@ -481,3 +481,56 @@ fn score_qa_answers_the_same_four_at_a_time() {
     ]);
     assert_one_error_line(&refused, "--concurrency");
 }
+
+/// `summarize --concurrency` on the tiny model: hierarchical's chunks,
+/// three at a time on siblings of the engine, give the summary, the step
+/// outputs and the token counts of one at a time.
+#[test]
+fn hierarchical_summarizes_three_chunks_at_a_time_to_the_same_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    crate::common::tiny_chat_model(&model);
+    let document = crate::common::words_document(dir.path());
+    let summarize = |concurrency: &str| -> (String, Vec<serde_json::Value>, serde_json::Value) {
+        let out = dir.path().join(format!("run-{concurrency}"));
+        let (success, _, stderr) = run_prism(&[
+            "summarize",
+            document.to_str().unwrap(),
+            "--method",
+            "hierarchical",
+            "--model",
+            model.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--chunk-tokens",
+            "10",
+            "--max-summary-tokens",
+            "6",
+            "--concurrency",
+            concurrency,
+        ]);
+        assert!(success, "{stderr}");
+        let steps = std::fs::read_to_string(out.join("steps.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|line| {
+                let step: serde_json::Value = serde_json::from_str(line).unwrap();
+                serde_json::json!([step["level"], step["output"], step["prompt_tokens"]])
+            })
+            .collect();
+        let stats: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("stats.json")).unwrap())
+                .unwrap();
+        let summary = std::fs::read_to_string(out.join("summary.txt")).unwrap();
+        (summary, steps, stats)
+    };
+    let (summary, steps, stats) = summarize("1");
+    let (summary_3, steps_3, stats_3) = summarize("3");
+    assert!(steps.len() >= 5, "several chunks and a merge: {steps:?}");
+    assert_eq!(summary_3, summary);
+    assert_eq!(steps_3, steps);
+    for figure in ["calls", "prompt_tokens", "output_tokens"] {
+        assert_eq!(stats_3[figure], stats[figure], "{figure}");
+    }
+}

@@ -159,6 +159,50 @@ fn summarize_over_http_builds_the_same_memory_with_the_same_prompt_figures() {
     }
 }
 
+/// Hierarchical's chunks three at a time over HTTP, each a client of its own
+/// of a server with three engines: the steps write what the local run in
+/// turn wrote, and the merge reads them in order.
+#[test]
+fn summarize_sends_independent_chunks_side_by_side_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    let source = tiny_source(&model);
+    let doc = words_document(dir.path());
+    let hierarchical = ["--method", "hierarchical", "--max-summary-tokens", "6"];
+    let local = dir.path().join("local");
+    summarize(&model, &doc, &local, &hierarchical);
+
+    let options = ServeOptions {
+        parallel: 3,
+        ..ServeOptions::default()
+    };
+    let (_server, base) = serve(&source, options);
+    let remote = dir.path().join("remote");
+    let mut args = hierarchical.to_vec();
+    args.extend([
+        "--backend",
+        "openai",
+        "--base-url",
+        &base,
+        "--concurrency",
+        "3",
+    ]);
+    summarize(&model, &doc, &remote, &args);
+
+    let read = |run: &Path| std::fs::read_to_string(run.join("summary.txt")).unwrap();
+    assert_eq!(read(&local), read(&remote));
+    let written = |run: &Path| -> Vec<Value> {
+        steps(run)
+            .iter()
+            .map(|step| json!([step["sources"], step["output"], step["prompt_tokens"]]))
+            .collect()
+    };
+    let (local, remote) = (written(&local), written(&remote));
+    assert!(local.len() > 3, "several chunks and a merge: {local:?}");
+    assert_eq!(local, remote);
+}
+
 #[test]
 fn the_servers_cached_tokens_are_the_engines_reused_tokens() {
     let dir = tempfile::tempdir().unwrap();

@@ -62,6 +62,12 @@ struct RunArgs {
     /// Stop after this many steps (one chunk each for prism, incremental and detail; one model call each for hierarchical, gu/gm/cok); continue with --resume.
     #[arg(long, alias = "stop-after-steps")]
     stop_after_chunks: Option<usize>,
+    /// Calls in flight at once where a method's calls are independent (the chunks of
+    /// hierarchical and of detail without --recursive), each on a sibling of the engine or
+    /// another client of a remote server. The prompts are the same as one at a time; those
+    /// steps come in batches, and --stop-after-chunks stops after the batch that reaches it.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    concurrency: u16,
     #[command(flatten)]
     method_args: MethodArgs,
     #[command(flatten)]
@@ -141,6 +147,7 @@ fn run_job(args: &RunArgs, spec: MethodSpec, source: &Path, text: &str) -> Resul
         out: &args.out,
         resume: args.resume,
         stop_after: args.stop_after_chunks,
+        concurrency: usize::from(args.concurrency),
     };
     let mut progress = Bar::new(String::new());
     let outcome = job.run(&mut backend, &mut progress)?;

@@ -5,7 +5,7 @@
 
 use crate::chunk::Chunk;
 use crate::error::Result;
-use crate::llm::{Llm, Prompt};
+use crate::llm::{Completion, Llm, Prompt, Request};
 use crate::metrics::Tokens;
 use std::time::Instant;
 
@@ -40,12 +40,35 @@ impl Call {
     pub fn run(llm: &mut dyn Llm, prompt: &Prompt, max_tokens: usize) -> Result<Call> {
         let start = Instant::now();
         let completion = llm.complete(prompt, max_tokens, None)?;
-        Ok(Call {
+        Ok(Call::of(
+            completion,
+            max_tokens,
+            start.elapsed().as_secs_f64(),
+        ))
+    }
+
+    /// Complete every one of `requests`, side by side where `llm` runs
+    /// calls so ([`Llm::complete_each`]). Each call's seconds are its own
+    /// prefill and decode, not the wait for the others.
+    pub fn run_each(llm: &mut dyn Llm, requests: &[Request]) -> Result<Vec<Call>> {
+        let completions = llm.complete_each(requests, &mut |_| {})?;
+        Ok(completions
+            .into_iter()
+            .zip(requests)
+            .map(|(completion, request)| {
+                let seconds = completion.usage.prefill_seconds + completion.usage.decode_seconds;
+                Call::of(completion, request.max_tokens, seconds)
+            })
+            .collect())
+    }
+
+    fn of(completion: Completion, max_tokens: usize, seconds: f64) -> Call {
+        Call {
             tokens: Tokens::of(&completion.usage),
             max_tokens,
             output: completion.text,
-            seconds: start.elapsed().as_secs_f64(),
-        })
+            seconds,
+        }
     }
 
     /// The call generated all the tokens it was allowed, so the model was
@@ -100,6 +123,29 @@ pub fn part_prompt(
         system: Some(SYSTEM.to_string()),
         segments,
     }
+}
+
+/// Summarize the chunks after the first `done` each on its own
+/// ([`part_prompt`] without earlier summaries, in at most `words` words when
+/// given): as many as `llm` runs at once, since no call needs another's answer.
+pub fn summarize_alone<'c>(
+    llm: &mut dyn Llm,
+    query: &str,
+    chunks: &'c [Chunk],
+    done: usize,
+    words: Option<usize>,
+    max_tokens: usize,
+) -> Result<Vec<(&'c Chunk, Call)>> {
+    let next = &chunks[done.min(chunks.len())..chunks.len().min(done + llm.concurrency().max(1))];
+    let requests: Vec<Request> = next
+        .iter()
+        .map(|chunk| Request {
+            prompt: part_prompt(query, chunk, chunks.len(), &[], words),
+            max_tokens,
+            grammar: None,
+        })
+        .collect();
+    Ok(next.iter().zip(Call::run_each(llm, &requests)?).collect())
 }
 
 /// Whether `text` stops in the middle of a sentence: it does not end with a

@@ -6,7 +6,7 @@
 //! The chunk size has to be chosen before the document is split, so it comes
 //! from [`chunk_tokens`], which the caller applies when splitting.
 
-use super::baseline::{earlier_segment, part_prompt, Call, EARLIER_HEADING};
+use super::baseline::{earlier_segment, part_prompt, summarize_alone, Call, EARLIER_HEADING};
 use crate::chunk::Chunk;
 use crate::error::{Error, Result};
 use crate::llm::Llm;
@@ -80,6 +80,36 @@ pub struct Detail<'a> {
 impl<'a> Detail<'a> {
     pub fn new(config: &'a DetailConfig) -> Self {
         Detail { config }
+    }
+
+    /// Summarize the next chunks each on its own, as many at once as `llm`
+    /// runs (without `recursive`, no call needs another's summary).
+    fn summarize_chunks(
+        &self,
+        llm: &mut dyn Llm,
+        state: &mut DetailState,
+        chunks: &[Chunk],
+    ) -> Result<Vec<Step>> {
+        let calls = summarize_alone(
+            llm,
+            &self.config.query,
+            chunks,
+            state.summaries.len(),
+            None,
+            self.config.max_summary_tokens,
+        )?;
+        Ok(calls
+            .into_iter()
+            .map(|(chunk, call)| {
+                state.summaries.push(call.summary().to_string());
+                Step {
+                    chunk: chunk.index,
+                    chunk_tokens: chunk.tokens,
+                    earlier: 0,
+                    call,
+                }
+            })
+            .collect())
     }
 
     /// The most recent summaries that fit beside `chunk`'s prompt, oldest first.
@@ -172,6 +202,9 @@ impl Method for Detail<'_> {
                 ..Finish::default()
             }));
         };
+        if !self.config.recursive {
+            return Ok(Advance::Steps(self.summarize_chunks(llm, state, chunks)?));
+        }
         let earlier = self.earlier(llm, &state.summaries, chunk, chunks.len())?;
         let prompt = part_prompt(&self.config.query, chunk, chunks.len(), earlier, None);
         let step = Step {

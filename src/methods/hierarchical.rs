@@ -8,7 +8,7 @@
 //! merge after the first of a level also sees the previous merge of that
 //! level, so the pieces of a level read as one story.
 
-use super::baseline::{part_prompt, words_for, Call, SYSTEM};
+use super::baseline::{part_prompt, summarize_alone, words_for, Call, SYSTEM};
 use crate::chunk::Chunk;
 use crate::error::{Error, Result};
 use crate::llm::{Llm, Prompt};
@@ -177,30 +177,34 @@ impl<'a> Hierarchical<'a> {
         }
     }
 
-    /// Summarize the next chunk at level 0.
-    fn summarize_chunk(
+    /// Summarize the next chunks at level 0, as many at once as `llm` runs.
+    fn summarize_chunks(
         &self,
         llm: &mut dyn Llm,
         state: &mut HierarchicalState,
-        chunk: &Chunk,
-        chunks: usize,
-    ) -> Result<Step> {
+        chunks: &[Chunk],
+    ) -> Result<Vec<Step>> {
         let budget = level_budget(0, state.estimated_levels, self.config.max_summary_tokens);
-        let prompt = part_prompt(
+        let calls = summarize_alone(
+            llm,
             &self.config.query,
-            chunk,
             chunks,
-            &[],
+            state.levels[0].len(),
             Some(words_for(budget)),
-        );
-        let call = Call::run(llm, &prompt, budget)?;
-        state.levels[0].push(call.summary().to_string());
-        Ok(Step {
-            level: 0,
-            sources: chunk.index..chunk.index + 1,
-            with_context: false,
-            call,
-        })
+            budget,
+        )?;
+        Ok(calls
+            .into_iter()
+            .map(|(chunk, call)| {
+                state.levels[0].push(call.summary().to_string());
+                Step {
+                    level: 0,
+                    sources: chunk.index..chunk.index + 1,
+                    with_context: false,
+                    call,
+                }
+            })
+            .collect())
     }
 
     /// Merge the next run of summaries of the level below into the last level.
@@ -344,13 +348,8 @@ impl Method for Hierarchical<'_> {
         state: &mut HierarchicalState,
         chunks: &[Chunk],
     ) -> Result<Advance<Step, HierarchicalFigures>> {
-        if let Some(chunk) = chunks.get(state.levels[0].len()) {
-            return Ok(Advance::Step(self.summarize_chunk(
-                llm,
-                state,
-                chunk,
-                chunks.len(),
-            )?));
+        if state.levels[0].len() < chunks.len() {
+            return Ok(Advance::Steps(self.summarize_chunks(llm, state, chunks)?));
         }
         if let Some(summary) = state.finished(chunks.len()) {
             return Ok(Advance::Done(Finish {
