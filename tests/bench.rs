@@ -325,6 +325,58 @@ fn quality_adds_judge_scores_to_every_row() {
     assert!(report.contains("| QA-F1 |"), "{report}");
 }
 
+/// With `--concurrency 3` runs go three at a time and the judge scores three
+/// sentences or questions at a time: every row's scores and the judge's
+/// answers are those of one at a time.
+#[test]
+fn the_judge_scores_the_same_three_at_a_time() {
+    let (dir, model, doc, _) = fixture();
+    let questions = questions_file(dir.path());
+    let judged = |concurrency: &str| {
+        let out = dir.path().join(format!("bench-{concurrency}"));
+        let (ok, _, stderr) = bench(
+            &model,
+            &doc,
+            &out,
+            &[
+                "--quality",
+                "--judge-model",
+                model.to_str().unwrap(),
+                "--questions",
+                questions.to_str().unwrap(),
+                "--concurrency",
+                concurrency,
+            ],
+        );
+        assert!(ok, "{stderr}");
+        rows(&out)
+            .iter()
+            .map(|row| {
+                let run_dir = out.join(row["run_dir"].as_str().unwrap());
+                let qa: serde_json::Value = serde_json::from_str(
+                    &std::fs::read_to_string(run_dir.join("qa.json")).unwrap(),
+                )
+                .unwrap();
+                serde_json::json!([
+                    row["run_dir"],
+                    row["coherence"],
+                    row["coherence_error"],
+                    row["qa_f1"],
+                    qa["questions"]
+                ])
+            })
+            .collect::<Vec<_>>()
+    };
+    let in_turn = judged("1");
+    assert_eq!(in_turn.len(), 4);
+    let mut side_by_side = judged("3");
+    // Rows are written as runs finish, which side by side is in any order.
+    side_by_side.sort_by_key(|row| row[0].to_string());
+    let mut expected = in_turn;
+    expected.sort_by_key(|row| row[0].to_string());
+    assert_eq!(side_by_side, expected);
+}
+
 /// A sweep finished without `--quality` is scored by resuming it with
 /// `--quality`: every row gains its scores and no run is done again.
 #[test]

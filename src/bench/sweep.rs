@@ -16,7 +16,7 @@ use crate::engine::sampling::SamplingConfig;
 use crate::engine::{Engine, GenerateOptions, LoadOptions};
 use crate::error::{Error, Result};
 use crate::job::{Document, Job};
-use crate::llm::{Backend, EngineLlm};
+use crate::llm::Backend;
 use crate::methods::{MethodFigures, MethodSpec};
 use crate::models;
 use crate::qa::{score_summary, QaPair};
@@ -52,6 +52,9 @@ pub struct Judging {
     pub device: DeviceChoice,
     /// Question–answer pairs for QA-F1; without them only coherence is scored.
     pub questions: Option<Vec<QaPair>>,
+    /// The judge's calls in flight at once (sentences, questions), each on a
+    /// sibling of the judge.
+    pub concurrency: usize,
 }
 
 /// A document of the sweep, read.
@@ -205,6 +208,8 @@ impl Planned<'_> {
             out: &self.path,
             resume,
             stop_after: None,
+            // A sweep runs whole runs side by side instead (`concurrency`).
+            concurrency: 1,
         }
     }
 }
@@ -235,7 +240,7 @@ pub fn run(
         runs_to_do_note(&rows, &plan, &pending, &documents, sweep.concurrency),
     ));
 
-    let mut judge: Option<Engine> = None;
+    let mut judge: Option<Backend> = None;
     if let Some(judging) = &sweep.judging {
         judge_earlier_runs(&bench, &mut rows, &plan, judging, &mut judge, progress)?;
     }
@@ -385,7 +390,7 @@ impl Session<'_> {
 struct Finisher<'a> {
     bench: &'a RunDir,
     rows: &'a mut Vec<Row>,
-    judge: &'a mut Option<Engine>,
+    judge: &'a mut Option<Backend>,
     session: &'a Session<'a>,
     pending: &'a [&'a Planned<'a>],
     plan_len: usize,
@@ -409,7 +414,7 @@ impl Finisher<'_> {
         if let Some(judging) = &sweep.judging {
             let judge = loaded_judge(self.judge, judging)?;
             progress.run_begins(&format!("judging {} ", planned.label()));
-            row.scores = judge_summary(judge, &planned.path, judging.questions.as_deref())?;
+            row.scores = judge_summary(judge, &planned.path, judging)?;
         }
         let input = &sweep.documents[planned.source];
         if let Some(task) = &input.task {
@@ -486,7 +491,7 @@ fn judge_earlier_runs(
     rows: &mut [Row],
     plan: &[Planned],
     judging: &Judging,
-    judge: &mut Option<Engine>,
+    judge: &mut Option<Backend>,
     progress: &mut dyn SweepProgress,
 ) -> Result<()> {
     let unjudged = plan
@@ -498,7 +503,7 @@ fn judge_earlier_runs(
         let judge = loaded_judge(judge, judging)?;
         let run_dir = bench.path().join(&rows[index].run_dir);
         progress.note(&format!("judging {}", run_dir.display()));
-        rows[index].scores = judge_summary(judge, &run_dir, judging.questions.as_deref())?;
+        rows[index].scores = judge_summary(judge, &run_dir, judging)?;
         bench.rewrite_jsonl(RESULTS, rows)?;
         write_reports(bench, rows)?;
     }
@@ -809,7 +814,7 @@ impl SweepContext {
 }
 
 /// The judge of `--quality`, loaded on the sweep's device the first time it is needed.
-fn loaded_judge<'a>(judge: &'a mut Option<Engine>, judging: &Judging) -> Result<&'a mut Engine> {
+fn loaded_judge<'a>(judge: &'a mut Option<Backend>, judging: &Judging) -> Result<&'a mut Backend> {
     match judge {
         Some(judge) => Ok(judge),
         None => {
@@ -818,7 +823,8 @@ fn loaded_judge<'a>(judge: &'a mut Option<Engine>, judging: &Judging) -> Result<
                 device: judging.device,
                 ..LoadOptions::default()
             };
-            Ok(judge.insert(Engine::load(&source, &options)?))
+            let engine = Engine::load(&source, &options)?;
+            Ok(judge.insert(Backend::Local(Box::new(engine))))
         }
     }
 }
@@ -833,18 +839,14 @@ fn read_answer(run_dir: &Path) -> Result<String> {
 /// `questions` are given; the judges' reports go into the run directory as
 /// coherence.json and qa.json. A summary the judge cannot score (no
 /// sentences) gets a `coherence_error`, so one odd run does not stop the sweep.
-fn judge_summary(
-    judge: &mut Engine,
-    run_dir: &Path,
-    questions: Option<&[QaPair]>,
-) -> Result<Scores> {
+fn judge_summary(judge: &mut Backend, run_dir: &Path, judging: &Judging) -> Result<Scores> {
     let dir = RunDir::create(run_dir)?;
     let summary = read_answer(run_dir)?;
     judge.clear_cache();
-    let mut llm = EngineLlm::new(judge, GenerateOptions::default());
+    let mut llm = judge.llm_side_by_side(GenerateOptions::default(), judging.concurrency)?;
     let config = CoherenceConfig { constrained: true };
     let mut scores = Scores::default();
-    match score_coherence(&mut llm, &summary, &config, &mut |_, _| {}) {
+    match score_coherence(&mut *llm, &summary, &config, &mut |_, _| {}) {
         Ok(report) => {
             scores.coherence = Some(report.score);
             scores.coherence_unparsed = Some(report.unparsed);
@@ -852,8 +854,8 @@ fn judge_summary(
         }
         Err(err) => scores.coherence_error = Some(err.to_string()),
     }
-    if let Some(questions) = questions {
-        let score = score_summary(&mut llm, &summary, questions)?;
+    if let Some(questions) = &judging.questions {
+        let score = score_summary(&mut *llm, &summary, questions)?;
         scores.qa_f1 = Some(score.correct_f1);
         dir.write_json("qa.json", &score)?;
     }

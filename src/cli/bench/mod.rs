@@ -84,7 +84,8 @@ struct SweepArgs {
     questions: Option<PathBuf>,
     /// Runs in flight at once, each on its own thread: a run's calls stay in order, so its
     /// prefix reuse is what it would be alone. Locally their decode steps batch into one
-    /// forward pass each; on a remote backend each run is a client of its own.
+    /// forward pass each; on a remote backend each run is a client of its own. The judge of
+    /// --quality also scores this many sentences or questions at once.
     #[arg(long, visible_alias = "parallel", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
     concurrency: u16,
     #[command(flatten)]
@@ -220,6 +221,7 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
                 .as_deref()
                 .map(prism::qa::read_pairs)
                 .transpose()?,
+            concurrency: usize::from(args.concurrency),
         }),
     };
     let documents = match (args.task, &args.tasks) {
