@@ -6,8 +6,7 @@
 
 use crate::common::{assert_one_error_line, run_prism, scripted_files, ScriptedLlm};
 use prism::chunk::{split, Chunk};
-use prism::engine::constraint::Grammar;
-use prism::llm::{Completion, Llm, Prompt};
+use prism::llm::Llm;
 use prism::methods::detail::{self, Detail, DetailConfig};
 use prism::methods::hierarchical::{self, Hierarchical, HierarchicalConfig};
 use prism::methods::incremental::{self, Incremental, IncrementalConfig, Kept};
@@ -216,32 +215,6 @@ fn hierarchical_of_one_chunk_is_its_summary() {
     assert_eq!(steps[0].call.max_tokens, 900);
 }
 
-/// A [`ScriptedLlm`] with a small context, to make merges split.
-struct SmallContext {
-    inner: ScriptedLlm,
-    context_tokens: usize,
-}
-
-impl Llm for SmallContext {
-    fn complete(
-        &mut self,
-        prompt: &Prompt,
-        max_tokens: usize,
-        grammar: Option<&Grammar>,
-    ) -> prism::Result<Completion> {
-        self.inner.complete(prompt, max_tokens, grammar)
-    }
-    fn count_tokens(&self, text: &str) -> prism::Result<usize> {
-        self.inner.count_tokens(text)
-    }
-    fn prompt_tokens(&self, prompt: &Prompt) -> prism::Result<usize> {
-        self.inner.prompt_tokens(prompt)
-    }
-    fn context_tokens(&self) -> usize {
-        self.context_tokens
-    }
-}
-
 /// Replies `Summary 1.`, `Summary 2.` … in call order.
 fn numbered_replies(count: usize) -> Vec<String> {
     (1..=count).map(|i| format!("Summary {i}.")).collect()
@@ -255,10 +228,7 @@ fn hierarchical_merges_level_by_level_within_the_context() {
     let method = Hierarchical::new(&config, context_tokens);
     let replies = numbered_replies(40);
     let replies: Vec<&str> = replies.iter().map(String::as_str).collect();
-    let mut llm = SmallContext {
-        inner: ScriptedLlm::new(&replies),
-        context_tokens,
-    };
+    let mut llm = ScriptedLlm::new(&replies).with_context(context_tokens);
     let (summary, stats, steps) = finish(&method, &mut llm, &chunks(12), dir.path());
     let steps: Vec<hierarchical::Step> = steps;
     assert_eq!(summary, format!("Summary {}.", stats.run.calls));
@@ -284,7 +254,7 @@ fn hierarchical_merges_level_by_level_within_the_context() {
         }
         assert_eq!(next, below);
     }
-    for (prompt, step) in llm.inner.prompts.iter().zip(&steps) {
+    for (prompt, step) in llm.prompts.iter().zip(&steps) {
         let tokens = llm.prompt_tokens(prompt).unwrap();
         assert!(tokens + step.call.max_tokens <= context_tokens);
     }
@@ -298,10 +268,7 @@ fn hierarchical_refuses_a_level_that_cannot_shrink() {
     let context_tokens = 520;
     let method = Hierarchical::new(&config, context_tokens);
     let long = "A summary long enough that no two of them fit one merge call at all.";
-    let mut llm = SmallContext {
-        inner: ScriptedLlm::new(&[long; 8]),
-        context_tokens,
-    };
+    let mut llm = ScriptedLlm::new(&[long; 8]).with_context(context_tokens);
     let run_dir = RunDir::create(dir.path()).unwrap();
     let files = scripted_files(&run_dir, false, None);
     let err = drive(&method, &mut llm, &chunks(3), &files, &mut NoProgress).unwrap_err();
@@ -358,15 +325,12 @@ fn recursive_detail_keeps_the_latest_summaries_that_fit() {
     let method = Detail::new(&config);
     let summary = "A summary of forty characters or so, yes.";
     let context_tokens = 690;
-    let mut llm = SmallContext {
-        inner: ScriptedLlm::new(&[summary; 6]),
-        context_tokens,
-    };
+    let mut llm = ScriptedLlm::new(&[summary; 6]).with_context(context_tokens);
     let (_, _, steps) = finish(&method, &mut llm, &chunks(6), dir.path());
     let steps: Vec<detail::Step> = steps;
     let earlier: Vec<usize> = steps.iter().map(|step| step.earlier).collect();
     assert!(earlier[5] < 5 && earlier[5] > 0, "{earlier:?}");
-    for (prompt, step) in llm.inner.prompts.iter().zip(&steps) {
+    for (prompt, step) in llm.prompts.iter().zip(&steps) {
         assert!(llm.prompt_tokens(prompt).unwrap() + step.call.max_tokens <= context_tokens);
     }
 }
@@ -631,46 +595,6 @@ fn every_baseline_names_its_prompt_texts() {
         .any(|text| text.contains("Summaries of the parts before it")));
 }
 
-/// A [`ScriptedLlm`] that says it runs `at_once` calls side by side and
-/// records the size of every batch it is handed; the batches still run in
-/// turn, so the script is read in chunk order.
-struct Batching {
-    inner: ScriptedLlm,
-    at_once: usize,
-    batches: Vec<usize>,
-}
-
-impl Llm for Batching {
-    fn complete(
-        &mut self,
-        prompt: &Prompt,
-        max_tokens: usize,
-        grammar: Option<&Grammar>,
-    ) -> prism::Result<Completion> {
-        self.inner.complete(prompt, max_tokens, grammar)
-    }
-    fn complete_each(
-        &mut self,
-        requests: &[prism::llm::Request],
-        done: &mut dyn FnMut(usize),
-    ) -> prism::Result<Vec<Completion>> {
-        self.batches.push(requests.len());
-        self.inner.complete_each(requests, done)
-    }
-    fn concurrency(&self) -> usize {
-        self.at_once
-    }
-    fn count_tokens(&self, text: &str) -> prism::Result<usize> {
-        self.inner.count_tokens(text)
-    }
-    fn prompt_tokens(&self, prompt: &Prompt) -> prism::Result<usize> {
-        self.inner.prompt_tokens(prompt)
-    }
-    fn context_tokens(&self) -> usize {
-        self.inner.context_tokens()
-    }
-}
-
 /// Run `spec` over five chunks in turn, then three calls at a time: the
 /// independent chunk calls come in batches of three and two, the summary and
 /// every step's output are the same, and a run stopped after one step stops
@@ -703,11 +627,7 @@ fn assert_batches_change_nothing(spec: MethodSpec, replies: &[&str], batches: &[
 
     let batched = tempfile::tempdir().unwrap();
     let batched_dir = RunDir::create(batched.path()).unwrap();
-    let mut llm = Batching {
-        inner: ScriptedLlm::new(replies),
-        at_once: 3,
-        batches: Vec::new(),
-    };
+    let mut llm = ScriptedLlm::new(replies).with_concurrency(3);
     let stopped = scripted_files(&batched_dir, false, Some(1));
     let outcome = spec
         .run(&mut llm, &chunks, &stopped, &mut NoProgress)
@@ -716,11 +636,7 @@ fn assert_batches_change_nothing(spec: MethodSpec, replies: &[&str], batches: &[
         matches!(outcome, Outcome::Paused { completed: 3 }),
         "{outcome:?}"
     );
-    let mut rest = Batching {
-        inner: ScriptedLlm::new(&replies[llm.inner.prompts.len()..]),
-        at_once: 3,
-        batches: Vec::new(),
-    };
+    let mut rest = ScriptedLlm::new(&replies[llm.prompts.len()..]).with_concurrency(3);
     let resumed = scripted_files(&batched_dir, true, None);
     let Outcome::Finished {
         summary: again,
@@ -760,11 +676,7 @@ fn detail_summarizes_chunks_in_batches_unless_recursive() {
     // Each recursive call needs the summaries before it: one call per step.
     let dir = tempfile::tempdir().unwrap();
     let config = detail_config(0.0, true);
-    let mut llm = Batching {
-        inner: ScriptedLlm::new(&replies),
-        at_once: 3,
-        batches: Vec::new(),
-    };
+    let mut llm = ScriptedLlm::new(&replies).with_concurrency(3);
     let (_, stats, _) = finish(&Detail::new(&config), &mut llm, &chunks(5), dir.path());
     assert_eq!(stats.run.steps, 5);
     assert!(llm.batches.is_empty());

@@ -283,6 +283,11 @@ pub struct ScriptedLlm {
     slots: Vec<(Vec<char>, usize)>,
     slot_limit: usize,
     context_tokens: usize,
+    /// How many calls it says it runs side by side ([`Llm::concurrency`]).
+    at_once: usize,
+    /// The size of every batch handed to `complete_each`, which still runs
+    /// in turn, so the script is read in order.
+    pub batches: Vec<usize>,
 }
 
 impl ScriptedLlm {
@@ -301,7 +306,15 @@ impl ScriptedLlm {
             slots: vec![(Vec::new(), 0)],
             slot_limit: slots.max(1),
             context_tokens: 1_000_000,
+            at_once: 1,
+            batches: Vec::new(),
         }
+    }
+
+    /// Say that `calls` run side by side, so methods hand over batches.
+    pub fn with_concurrency(mut self, calls: usize) -> Self {
+        self.at_once = calls;
+        self
     }
 
     /// Report a context of `tokens` (characters) to the method under test.
@@ -370,6 +383,19 @@ impl Llm for ScriptedLlm {
             },
             text,
         })
+    }
+
+    fn complete_each(
+        &mut self,
+        requests: &[prism::llm::Request],
+        done: &mut dyn FnMut(usize),
+    ) -> prism::Result<Vec<Completion>> {
+        self.batches.push(requests.len());
+        prism::llm::complete_in_turn(self, requests, done)
+    }
+
+    fn concurrency(&self) -> usize {
+        self.at_once
     }
 
     fn count_tokens(&self, text: &str) -> prism::Result<usize> {

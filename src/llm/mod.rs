@@ -76,16 +76,7 @@ pub trait Llm {
         requests: &[Request],
         done: &mut dyn FnMut(usize),
     ) -> Result<Vec<Completion>> {
-        let mut completions = Vec::with_capacity(requests.len());
-        for request in requests {
-            completions.push(self.complete(
-                &request.prompt,
-                request.max_tokens,
-                request.grammar.as_ref(),
-            )?);
-            done(completions.len());
-        }
-        Ok(completions)
+        complete_in_turn(self, requests, done)
     }
     /// How many of [`complete_each`](Llm::complete_each)'s calls run at
     /// once. A method hands it that many independent calls per step, so a
@@ -103,6 +94,25 @@ pub trait Llm {
     fn cache_figures(&self) -> CacheFigures {
         CacheFigures::Measured
     }
+}
+
+/// [`Llm::complete_each`] one request after another, for models that run
+/// one call at a time.
+pub fn complete_in_turn<L: Llm + ?Sized>(
+    llm: &mut L,
+    requests: &[Request],
+    done: &mut dyn FnMut(usize),
+) -> Result<Vec<Completion>> {
+    let mut completions = Vec::with_capacity(requests.len());
+    for request in requests {
+        completions.push(llm.complete(
+            &request.prompt,
+            request.max_tokens,
+            request.grammar.as_ref(),
+        )?);
+        done(completions.len());
+    }
+    Ok(completions)
 }
 
 /// Where a method's calls run.
