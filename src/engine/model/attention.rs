@@ -86,7 +86,7 @@ pub fn decode_attention(
     caches: &[(Tensor, Tensor)],
     scale: f64,
 ) -> Result<Tensor> {
-    let (count, heads, _, d) = queries.dims4()?;
+    let count = queries.dim(0)?;
     if caches.len() != count {
         candle_core::bail!("{count} queries for {} caches", caches.len());
     }
@@ -100,6 +100,19 @@ pub fn decode_attention(
     if !all_on_cpu {
         return decode_attention_by_ops(&queries, caches, scale);
     }
+    decode_attention_on_cpu(&queries, caches, scale, fused_multiply_add())
+}
+
+/// [`decode_attention`] on CPU tensors: contiguous f32 `queries`, caches in
+/// f32, f16 or bf16; with the AVX2 kernels when `fused`, which only a CPU
+/// that passes [`fused_multiply_add`] may ask for.
+fn decode_attention_on_cpu(
+    queries: &Tensor,
+    caches: &[(Tensor, Tensor)],
+    scale: f64,
+    fused: bool,
+) -> Result<Tensor> {
+    let (count, heads, _, d) = queries.dims4()?;
     let query_guard = queries.storage_and_layout();
     let guards: Vec<_> = caches
         .iter()
@@ -124,7 +137,6 @@ pub fn decode_attention(
     // sequence that share a key/value head: consecutive heads, so their
     // queries and outputs are one run of `groups * d` floats, and each cache
     // row is read once for all of them.
-    let fused = fused_multiply_add();
     let attend = |scores: &mut Vec<f32>, (item, out): (usize, &mut [f32])| {
         let (keys, values) = &sequences[item / kv_heads];
         let group = Group {
@@ -135,7 +147,7 @@ pub fn decode_attention(
             scale,
         };
         if fused {
-            // SAFETY: the CPU supports AVX2 and FMA, checked above.
+            // SAFETY: the CPU supports AVX2, FMA and F16C (see `fused`).
             #[cfg(target_arch = "x86_64")]
             unsafe {
                 group.attend_fma(scores, out)
@@ -227,33 +239,94 @@ impl<'a> Rows<'a> {
         })
     }
 
-    /// The row of `head` at `position` as f32: the stored floats, or a
-    /// 16-bit row widened into `scratch` (`d` floats).
-    fn row<'b>(&self, head: usize, position: usize, scratch: &'b mut [f32]) -> &'b [f32]
-    where
-        'a: 'b,
-    {
+    /// The row of `head` at `position`, as stored.
+    fn row(&self, head: usize, position: usize) -> Row<'a> {
         let at = self.start + head * self.head_stride + position * self.row_stride;
         let range = at..at + self.d;
         match self.data {
-            RowData::F32(data) => &data[range],
-            RowData::F16(data) => {
-                data[range].convert_to_f32_slice(scratch);
-                scratch
+            RowData::F32(data) => Row::F32(&data[range]),
+            RowData::F16(data) => Row::F16(&data[range]),
+            RowData::Bf16(data) => Row::Bf16(&data[range]),
+        }
+    }
+}
+
+/// One cache row in the dtype it is stored in.
+#[derive(Clone, Copy)]
+enum Row<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    Bf16(&'a [bf16]),
+}
+
+impl<'a> Row<'a> {
+    /// The row as the `FMA` kernels read it: the vector kernels read 16-bit
+    /// rows in place, widening eight values at a time in registers; the
+    /// portable path widens them into `scratch` (`d` floats) first.
+    #[inline(always)]
+    fn readable<'b, const FMA: bool>(self, scratch: &'b mut [f32]) -> Row<'b>
+    where
+        'a: 'b,
+    {
+        match self {
+            Row::F16(row) if !FMA => {
+                row.convert_to_f32_slice(scratch);
+                Row::F32(scratch)
             }
-            RowData::Bf16(data) => {
-                data[range].convert_to_f32_slice(scratch);
-                scratch
+            Row::Bf16(row) if !FMA => {
+                row.convert_to_f32_slice(scratch);
+                Row::F32(scratch)
+            }
+            row => row,
+        }
+    }
+
+    /// The dot product of `query` with this row.
+    #[inline(always)]
+    fn dot<const FMA: bool>(self, query: &[f32]) -> f32 {
+        match self {
+            Row::F32(row) => dot::<FMA>(query, row),
+            // SAFETY (both arms): `FMA` kernels run only on CPUs with AVX2,
+            // FMA and F16C ([`fused_multiply_add`]).
+            #[cfg(target_arch = "x86_64")]
+            Row::F16(row) if FMA => unsafe { widening::dot_f16(query, row) },
+            #[cfg(target_arch = "x86_64")]
+            Row::Bf16(row) if FMA => unsafe { widening::dot_bf16(query, row) },
+            Row::F16(_) | Row::Bf16(_) => {
+                unreachable!("16-bit rows reach the portable kernel widened ([`Row::readable`])")
+            }
+        }
+    }
+
+    /// `out += weight * row`, each element one fused multiply-add under `FMA`.
+    #[inline(always)]
+    fn add_scaled<const FMA: bool>(self, weight: f32, out: &mut [f32]) {
+        match self {
+            Row::F32(row) => {
+                for (o, v) in out.iter_mut().zip(row) {
+                    *o = multiply_add::<FMA>(weight, *v, *o);
+                }
+            }
+            // SAFETY: as in `dot`.
+            #[cfg(target_arch = "x86_64")]
+            Row::F16(row) if FMA => unsafe { widening::add_scaled_f16(weight, row, out) },
+            #[cfg(target_arch = "x86_64")]
+            Row::Bf16(row) if FMA => unsafe { widening::add_scaled_bf16(weight, row, out) },
+            Row::F16(_) | Row::Bf16(_) => {
+                unreachable!("16-bit rows reach the portable kernel widened ([`Row::readable`])")
             }
         }
     }
 }
 
-/// Whether [`Group::attend_fma`] can run: an x86-64 CPU with AVX2 and FMA.
+/// Whether [`Group::attend_fma`] can run: an x86-64 CPU with AVX2, FMA and
+/// F16C (every AVX2 CPU has the last).
 fn fused_multiply_add() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -275,7 +348,7 @@ impl Group<'_> {
     /// [`Group::attend`] compiled for AVX2 with fused multiply-adds; the
     /// build's baseline is plain x86-64, whose vectors are half as wide.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn attend_fma(&self, scores: &mut Vec<f32>, out: &mut [f32]) {
         self.attend::<true>(scores, out)
     }
@@ -290,9 +363,9 @@ impl Group<'_> {
         scores.resize(groups * positions, 0.0);
         let mut scratch = vec![0f32; d];
         for j in 0..positions {
-            let key = self.keys.row(self.kv_head, j, &mut scratch);
+            let key = self.keys.row(self.kv_head, j).readable::<FMA>(&mut scratch);
             for (g, query) in self.queries.chunks_exact(d).enumerate() {
-                scores[g * positions + j] = dot::<FMA>(query, key) * self.scale;
+                scores[g * positions + j] = key.dot::<FMA>(query) * self.scale;
             }
         }
         for head in scores.chunks_exact_mut(positions) {
@@ -308,12 +381,12 @@ impl Group<'_> {
         }
         out.fill(0.0);
         for j in 0..positions {
-            let value = self.values.row(self.kv_head, j, &mut scratch);
+            let value = self
+                .values
+                .row(self.kv_head, j)
+                .readable::<FMA>(&mut scratch);
             for (g, out) in out.chunks_exact_mut(d).enumerate() {
-                let weight = scores[g * positions + j];
-                for (o, v) in out.iter_mut().zip(value) {
-                    *o = multiply_add::<FMA>(weight, *v, *o);
-                }
+                value.add_scaled::<FMA>(scores[g * positions + j], out);
             }
         }
     }
@@ -348,6 +421,77 @@ fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     lanes.iter().sum::<f32>() + tail
+}
+
+/// The 16-bit rows of the vector kernels, widened eight values at a time in
+/// registers as they are read. Each computes exactly what its f32 twin
+/// computes on the widened row (widening is exact, and the lanes and the
+/// order of the sums are the same), so the cache dtype alone decides the
+/// result.
+#[cfg(target_arch = "x86_64")]
+mod widening {
+    use half::{bf16, f16};
+    use std::arch::x86_64::*;
+
+    /// Eight f16 values from `row[at..at + 8]` as f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load_f16(row: &[f16], at: usize) -> __m256 {
+        debug_assert!(at + 8 <= row.len());
+        _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(at).cast()))
+    }
+
+    /// Eight bf16 values from `row[at..at + 8]` as f32: a bf16 is the top
+    /// half of an f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load_bf16(row: &[bf16], at: usize) -> __m256 {
+        debug_assert!(at + 8 <= row.len());
+        let halves = _mm256_cvtepu16_epi32(_mm_loadu_si128(row.as_ptr().add(at).cast()));
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(halves))
+    }
+
+    /// The two kernels for one 16-bit type, `load` reading eight of its
+    /// values as f32: `$dot` is [`super::dot`] and `$add_scaled` is
+    /// [`super::Row::add_scaled`] on the widened row, lane for lane.
+    macro_rules! kernels {
+        ($t:ty, $load:ident, $dot:ident, $add_scaled:ident) => {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub(super) unsafe fn $dot(query: &[f32], row: &[$t]) -> f32 {
+                let blocks = query.len().min(row.len()) / 8 * 8;
+                let mut sums = _mm256_setzero_ps();
+                for at in (0..blocks).step_by(8) {
+                    let q = _mm256_loadu_ps(query.as_ptr().add(at));
+                    sums = _mm256_fmadd_ps(q, $load(row, at), sums);
+                }
+                let mut lanes = [0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), sums);
+                let tail: f32 = query[blocks..]
+                    .iter()
+                    .zip(&row[blocks..])
+                    .map(|(x, y)| x * y.to_f32())
+                    .sum();
+                lanes.iter().sum::<f32>() + tail
+            }
+
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub(super) unsafe fn $add_scaled(weight: f32, row: &[$t], out: &mut [f32]) {
+                let blocks = out.len().min(row.len()) / 8 * 8;
+                let weights = _mm256_set1_ps(weight);
+                for at in (0..blocks).step_by(8) {
+                    let sums = _mm256_loadu_ps(out.as_ptr().add(at));
+                    let sums = _mm256_fmadd_ps(weights, $load(row, at), sums);
+                    _mm256_storeu_ps(out.as_mut_ptr().add(at), sums);
+                }
+                for (o, v) in out[blocks..].iter_mut().zip(&row[blocks..]) {
+                    *o = weight.mul_add(v.to_f32(), *o);
+                }
+            }
+        };
+    }
+
+    kernels!(f16, load_f16, dot_f16, add_scaled_f16);
+    kernels!(bf16, load_bf16, dot_bf16, add_scaled_bf16);
 }
 
 #[cfg(test)]
@@ -417,5 +561,100 @@ mod tests {
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
         assert!(diff < 1e-5, "max difference {diff}");
+    }
+
+    /// Queries `(sequences, heads, 1, d)` and one cache per sequence of
+    /// `positions` rows, held in a cache of room for more, as the engine's are.
+    fn decode_inputs(
+        heads: usize,
+        kv_heads: usize,
+        positions: &[usize],
+        d: usize,
+    ) -> (Tensor, Vec<(Tensor, Tensor)>) {
+        let dev = Device::Cpu;
+        let values = |n: usize, salt: f32| -> Vec<f32> {
+            (0..n)
+                .map(|i| (i as f32 * 0.37 + salt).sin() * 2.0)
+                .collect()
+        };
+        let count = positions.len();
+        let queries =
+            Tensor::from_vec(values(count * heads * d, 0.1), (count, heads, 1, d), &dev).unwrap();
+        let caches = positions
+            .iter()
+            .enumerate()
+            .map(|(i, &filled)| {
+                let room = filled + 3;
+                let cache = |salt: f32| {
+                    Tensor::from_vec(
+                        values(kv_heads * room * d, salt),
+                        (1, kv_heads, room, d),
+                        &dev,
+                    )
+                    .unwrap()
+                    .narrow(2, 0, filled)
+                    .unwrap()
+                };
+                (cache(0.7 + i as f32), cache(1.3 + i as f32))
+            })
+            .collect();
+        (queries, caches)
+    }
+
+    fn flat(t: &Tensor) -> Vec<f32> {
+        t.flatten_all().unwrap().to_vec1().unwrap()
+    }
+
+    #[test]
+    fn decode_attention_matches_the_matmul_path() {
+        // d = 20 leaves a tail after the blocks of eight.
+        for d in [64, 20] {
+            let (queries, caches) = decode_inputs(6, 2, &[5, 40], d);
+            let scale = 1.0 / (d as f64).sqrt();
+            let out = flat(&decode_attention(&queries, &caches, scale).unwrap());
+            let expected = flat(&decode_attention_by_ops(&queries, &caches, scale).unwrap());
+            let diff = out
+                .iter()
+                .zip(&expected)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(diff < 1e-5, "d = {d}: max difference {diff}");
+        }
+    }
+
+    /// A 16-bit cache gives exactly what an f32 cache holding the same
+    /// (rounded) values gives: the kernels that read 16-bit rows in place
+    /// compute what the f32 kernel computes on the widened rows.
+    #[test]
+    fn a_16_bit_cache_reads_as_its_values_widened_to_f32() {
+        for dtype in [DType::F16, DType::BF16] {
+            for d in [64, 20] {
+                let (queries, caches) = decode_inputs(6, 2, &[5, 40], d);
+                let stored: Vec<(Tensor, Tensor)> = caches
+                    .iter()
+                    .map(|(k, v)| (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap()))
+                    .collect();
+                let widened: Vec<(Tensor, Tensor)> = stored
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            k.to_dtype(DType::F32).unwrap(),
+                            v.to_dtype(DType::F32).unwrap(),
+                        )
+                    })
+                    .collect();
+                let scale = 1.0 / (d as f64).sqrt();
+                for fused in [false, fused_multiply_add()] {
+                    let attend = |caches: &[(Tensor, Tensor)]| {
+                        flat(&decode_attention_on_cpu(&queries, caches, scale, fused).unwrap())
+                    };
+                    assert_eq!(
+                        attend(&stored),
+                        attend(&widened),
+                        "{dtype:?}, d = {d}, {fused}"
+                    );
+                }
+            }
+        }
     }
 }
