@@ -23,6 +23,10 @@ pub struct Document {
     pub sha256: String,
     /// Tokens of the whole text.
     pub tokens: usize,
+    /// Tokens of the part the chunks hold: `tokens` unless `first_tokens`
+    /// left chunks out. (The chunks' own counts can add up to a token more
+    /// or less than the whole, where a word is split at a chunk's edge.)
+    pub read_tokens: usize,
     pub chunk_tokens: usize,
     pub chunks: Vec<Chunk>,
 }
@@ -61,6 +65,7 @@ impl Document {
         // chunker's counter (which cannot fail) never meets one.
         let count = |piece: &str| tokenizer.encode(piece).map_or(usize::MAX, |ids| ids.len());
         let mut chunks = crate::chunk::split(text, chunk_tokens, &count)?;
+        let all = chunks.len();
         if let Some(limit) = first_tokens {
             let mut covered = 0;
             chunks.retain(|chunk| {
@@ -74,9 +79,15 @@ impl Document {
                 ));
             }
         }
+        let read_tokens = if chunks.len() == all {
+            tokens
+        } else {
+            chunks.iter().map(|chunk| chunk.tokens).sum()
+        };
         Ok(Document {
             sha256: format!("{:x}", Sha256::digest(text.as_bytes())),
             tokens,
+            read_tokens,
             chunk_tokens,
             chunks,
         })

@@ -131,3 +131,33 @@ fn qwen25_gguf_facts() {
     assert_eq!(ids, [151644, 151657]);
     assert_eq!(tokenizer.decode(&ids, true).expect("decode"), "<tool_call>");
 }
+
+/// A document read whole counts the tokens of the whole text, even where
+/// its chunks' own counts add up differently (a chunk's edge can split what
+/// the whole text tokenizes as one); `--first-tokens` counts the chunks kept.
+#[test]
+fn a_document_read_whole_counts_the_whole_text() {
+    use prism::engine::prompt_format::PromptFormat;
+    use prism::engine::source::ModelSource;
+    use prism::job::Document;
+    let format = PromptFormat::load(&ModelSource::Gguf {
+        path: common::fetched_model(SMOLLM2),
+        name: "smollm2".into(),
+    })
+    .unwrap();
+    let text: String = (0..40)
+        .map(|i| {
+            format!("Paragraph {i} of the log: the lamp was lit at dusk and the fog held.\n\n")
+        })
+        .collect();
+    let tokens = format.tokenizer().encode(&text).unwrap().len();
+    let whole = Document::split(&format, &text, tokens, 100, None).unwrap();
+    assert!(whole.chunks.len() > 3);
+    assert_eq!(whole.read_tokens, tokens);
+
+    let first = Document::split(&format, &text, tokens, 100, Some(250)).unwrap();
+    let kept: usize = first.chunks.iter().map(|chunk| chunk.tokens).sum();
+    assert!(first.chunks.len() < whole.chunks.len());
+    assert_eq!(first.read_tokens, kept);
+    assert!(kept <= 250);
+}

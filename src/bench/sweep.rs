@@ -670,7 +670,7 @@ fn estimate_note(
             Pending {
                 method: planned.method.name.clone(),
                 chunk_tokens: planned.chunk_tokens,
-                read_tokens: chunks.iter().map(|chunk| chunk.tokens).sum(),
+                read_tokens: documents[planned.document].read_tokens,
                 chunks: chunks.len(),
                 steps_done: steps_done(&planned.path),
             }
@@ -795,7 +795,7 @@ impl SweepContext {
             task: self.tasks[planned.source].clone(),
             document_sha256: document.sha256.clone(),
             document_tokens: document.tokens,
-            read_tokens: document.chunks.iter().map(|chunk| chunk.tokens).sum(),
+            read_tokens: document.read_tokens,
             device: self.device.clone(),
             machine: self.machine.clone(),
             git_revision: self.git_revision.clone(),
