@@ -83,6 +83,17 @@ fn questions_file(dir: &Path) -> PathBuf {
     path
 }
 
+/// The flags that judge a sweep with `model`, and QA-F1 on `questions`.
+fn judged_by<'a>(model: &'a Path, questions: &'a Path) -> [&'a str; 5] {
+    [
+        "--quality",
+        "--judge-model",
+        model.to_str().unwrap(),
+        "--questions",
+        questions.to_str().unwrap(),
+    ]
+}
+
 fn rows(out: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(out.join("results.jsonl"))
         .unwrap()
@@ -296,18 +307,7 @@ fn prism_flags_that_names_set_are_refused() {
 fn quality_adds_judge_scores_to_every_row() {
     let (dir, model, doc, out) = fixture();
     let questions = questions_file(dir.path());
-    let (ok, _, stderr) = bench(
-        &model,
-        &doc,
-        &out,
-        &[
-            "--quality",
-            "--judge-model",
-            model.to_str().unwrap(),
-            "--questions",
-            questions.to_str().unwrap(),
-        ],
-    );
+    let (ok, _, stderr) = bench(&model, &doc, &out, &judged_by(&model, &questions));
     assert!(ok, "{stderr}");
     let rows = rows(&out);
     assert_eq!(rows.len(), 4);
@@ -334,20 +334,9 @@ fn the_judge_scores_the_same_three_at_a_time() {
     let questions = questions_file(dir.path());
     let judged = |concurrency: &str| {
         let out = dir.path().join(format!("bench-{concurrency}"));
-        let (ok, _, stderr) = bench(
-            &model,
-            &doc,
-            &out,
-            &[
-                "--quality",
-                "--judge-model",
-                model.to_str().unwrap(),
-                "--questions",
-                questions.to_str().unwrap(),
-                "--concurrency",
-                concurrency,
-            ],
-        );
+        let mut args = judged_by(&model, &questions).to_vec();
+        args.extend(["--concurrency", concurrency]);
+        let (ok, _, stderr) = bench(&model, &doc, &out, &args);
         assert!(ok, "{stderr}");
         rows(&out)
             .iter()
@@ -388,14 +377,8 @@ fn quality_on_resume_judges_runs_finished_without_it() {
     assert!(before.iter().all(|row| row.get("coherence").is_none()));
 
     let questions = questions_file(dir.path());
-    let judge = [
-        "--resume",
-        "--quality",
-        "--judge-model",
-        model.to_str().unwrap(),
-        "--questions",
-        questions.to_str().unwrap(),
-    ];
+    let mut judge = vec!["--resume"];
+    judge.extend(judged_by(&model, &questions));
     let (ok, _, stderr) = bench(&model, &doc, &out, &judge);
     assert!(ok, "{stderr}");
     assert!(

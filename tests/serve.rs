@@ -28,6 +28,14 @@ fn tiny_source(dir: &Path) -> ModelSource {
     }
 }
 
+/// A tiny chat model in `dir/model`: its directory and its source.
+fn tiny_model_in(dir: &Path) -> (std::path::PathBuf, ModelSource) {
+    let model = dir.join("model");
+    std::fs::create_dir(&model).unwrap();
+    let source = tiny_source(&model);
+    (model, source)
+}
+
 fn serve(source: &ModelSource, options: ServeOptions) -> (Server, String) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let server = Server::start(load(source), listener, options).unwrap();
@@ -126,9 +134,7 @@ fn steps(run: &Path) -> Vec<Value> {
 #[test]
 fn summarize_over_http_builds_the_same_memory_with_the_same_prompt_figures() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
-    std::fs::create_dir(&model).unwrap();
-    let source = tiny_source(&model);
+    let (model, source) = tiny_model_in(dir.path());
     let doc = words_document(dir.path());
     let local = dir.path().join("local");
     summarize(&model, &doc, &local, &[]);
@@ -165,9 +171,7 @@ fn summarize_over_http_builds_the_same_memory_with_the_same_prompt_figures() {
 #[test]
 fn summarize_sends_independent_chunks_side_by_side_over_http() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
-    std::fs::create_dir(&model).unwrap();
-    let source = tiny_source(&model);
+    let (model, source) = tiny_model_in(dir.path());
     let doc = words_document(dir.path());
     let hierarchical = ["--method", "hierarchical", "--max-summary-tokens", "6"];
     let local = dir.path().join("local");
@@ -471,9 +475,7 @@ fn memories(bench: &Path) -> Vec<(String, String)> {
 #[test]
 fn a_bench_of_two_documents_runs_side_by_side_over_http_with_the_local_results() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
-    std::fs::create_dir(&model).unwrap();
-    let source = tiny_source(&model);
+    let (model, source) = tiny_model_in(dir.path());
     let docs = dir.path().join("docs");
     std::fs::create_dir(&docs).unwrap();
     let first = words_document(&docs);

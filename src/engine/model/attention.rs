@@ -555,12 +555,15 @@ mod tests {
         let out = causal_attention(&qt, &kt, &vt, mask.as_ref(), 1.0 / (d as f64).sqrt()).unwrap();
         let out: Vec<f32> = out.flatten_all().unwrap().to_vec1().unwrap();
         let expected = naive(&q, &k, &v, heads, kv_heads, seq, total, d);
-        let diff = out
-            .iter()
-            .zip(&expected)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let diff = max_difference(&out, &expected);
         assert!(diff < 1e-5, "max difference {diff}");
+    }
+
+    fn max_difference(a: &[f32], b: &[f32]) -> f32 {
+        a.iter()
+            .zip(b)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max)
     }
 
     /// Queries `(sequences, heads, 1, d)` and one cache per sequence of
@@ -613,11 +616,7 @@ mod tests {
             let scale = 1.0 / (d as f64).sqrt();
             let out = flat(&decode_attention(&queries, &caches, scale).unwrap());
             let expected = flat(&decode_attention_by_ops(&queries, &caches, scale).unwrap());
-            let diff = out
-                .iter()
-                .zip(&expected)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
+            let diff = max_difference(&out, &expected);
             assert!(diff < 1e-5, "d = {d}: max difference {diff}");
         }
     }
