@@ -1,10 +1,11 @@
-//! Causal grouped-query attention as two batched matmuls per key/value head.
+//! Causal grouped-query attention over a KV cache.
 //!
-//! candle's fused CPU attention kernel is several times slower than its GEMM
-//! once the context reaches a few thousand tokens, which is where PRISM's
-//! prompts live. Here the query heads that share a key/value head are stacked
-//! into one matrix, so keys and values are read straight from the cache,
-//! never copied or repeated per query head.
+//! On the CPU, one kernel serves prompts and decode steps alike: each query
+//! row passes once over the cache rows it may see, with the query heads that
+//! share a key/value head reading each row together, straight from an f32,
+//! f16 or bf16 cache. A prompt's masked scores are never computed and no
+//! score matrix is kept. Other devices stack those query heads into one
+//! matrix per key/value head and attend with two matmuls.
 
 use candle_core::{CpuStorage, DType, Device, Layout, Result, Storage, Tensor};
 use half::slice::HalfFloatSliceExt;
@@ -90,29 +91,89 @@ pub fn decode_attention(
     if caches.len() != count {
         candle_core::bail!("{count} queries for {} caches", caches.len());
     }
-    let queries = queries.contiguous()?;
-    let on_cpu = |t: &Tensor, dtypes: &[DType]| t.device().is_cpu() && dtypes.contains(&t.dtype());
-    let cache_dtypes = [DType::F32, DType::F16, DType::BF16];
-    let all_on_cpu = on_cpu(&queries, &[DType::F32])
-        && caches
-            .iter()
-            .all(|(keys, values)| on_cpu(keys, &cache_dtypes) && on_cpu(values, &cache_dtypes));
-    if !all_on_cpu {
-        return decode_attention_by_ops(&queries, caches, scale);
+    if !readable_on_cpu(queries, caches) {
+        return decode_attention_by_ops(&queries.contiguous()?, caches, scale);
     }
-    decode_attention_on_cpu(&queries, caches, scale, fused_multiply_add())
+    decode_attention_on_cpu(queries, caches, scale, has_vector_kernel())
 }
 
-/// [`decode_attention`] on CPU tensors: contiguous f32 `queries`, caches in
-/// f32, f16 or bf16; with the AVX2 kernels when `fused`, which only a CPU
-/// that passes [`fused_multiply_add`] may ask for.
+/// [`decode_attention`] on tensors [`readable_on_cpu`], with the AVX2 kernel when `vector`.
 fn decode_attention_on_cpu(
     queries: &Tensor,
     caches: &[(Tensor, Tensor)],
     scale: f64,
-    fused: bool,
+    vector: bool,
+) -> Result<Tensor> {
+    let positions = caches
+        .iter()
+        .map(|(keys, _)| keys.dim(2))
+        .collect::<Result<Vec<_>>>()?;
+    attention_on_cpu(queries, caches, |row| (row, positions[row]), scale, vector)
+}
+
+/// Whether `decode_attention` and `prompt_attention` can read these tensors
+/// in place: f32 queries and an f32, f16 or bf16 cache, all on the CPU.
+fn readable_on_cpu(queries: &Tensor, caches: &[(Tensor, Tensor)]) -> bool {
+    let on_cpu = |t: &Tensor, dtypes: &[DType]| t.device().is_cpu() && dtypes.contains(&t.dtype());
+    let cache_dtypes = [DType::F32, DType::F16, DType::BF16];
+    on_cpu(queries, &[DType::F32])
+        && caches
+            .iter()
+            .all(|(keys, values)| on_cpu(keys, &cache_dtypes) && on_cpu(values, &cache_dtypes))
+}
+
+/// Causal attention for a prompt's `queries` `(1, heads, seq, d)`, the last
+/// `seq` positions of `keys` and `values` `(1, kv_heads, total, d)`; returns
+/// `(1, seq, heads * d)`. Query `i` attends to positions `..=total - seq + i`.
+///
+/// On the CPU each query runs the decode kernel over the positions it sees:
+/// the masked half of the score matrix is never computed, no score matrix
+/// of `heads × seq × total` floats is allocated, a 16-bit cache is read in
+/// place, and a prompt token's attention is computed as a generated token's
+/// would be. Other devices take the matmul path.
+pub fn prompt_attention(
+    queries: &Tensor,
+    keys: &Tensor,
+    values: &Tensor,
+    scale: f64,
+) -> Result<Tensor> {
+    let (_, heads, seq, d) = queries.dims4()?;
+    let total = keys.dim(2)?;
+    let caches = [(keys.clone(), values.clone())];
+    if !readable_on_cpu(queries, &caches) {
+        let mask = causal_mask(seq, total, queries.device())?;
+        let (keys, values) = (keys.to_dtype(DType::F32)?, values.to_dtype(DType::F32)?);
+        return causal_attention(queries, &keys, &values, mask.as_ref(), scale);
+    }
+    // Row after row of `heads * d`, as the kernel takes one query per row.
+    let rows = queries
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape((seq, heads, 1, d))?;
+    let first = total - seq;
+    attention_on_cpu(
+        &rows,
+        &caches,
+        |row| (0, first + row + 1),
+        scale,
+        has_vector_kernel(),
+    )
+}
+
+/// Attention of CPU query rows `queries` `(rows, heads, 1, d)` in f32, each
+/// over a cache of `caches` (f32, f16 or bf16): row `r` attends to the first
+/// `visible` positions of `caches[cache]`, where `(cache, visible) =
+/// view(r)`. With the AVX2 kernel when `vector`, which only a CPU that
+/// passes [`has_vector_kernel`] may ask for. Returns `(1, rows, heads * d)`.
+fn attention_on_cpu(
+    queries: &Tensor,
+    caches: &[(Tensor, Tensor)],
+    view: impl Fn(usize) -> (usize, usize) + Sync,
+    scale: f64,
+    vector: bool,
 ) -> Result<Tensor> {
     let (count, heads, _, d) = queries.dims4()?;
+    let queries = queries.contiguous()?;
     let query_guard = queries.storage_and_layout();
     let guards: Vec<_> = caches
         .iter()
@@ -120,46 +181,50 @@ fn decode_attention_on_cpu(
         .collect();
     let q = match &*query_guard.0 {
         Storage::Cpu(cpu) => &cpu.as_slice::<f32>()?[query_guard.1.start_offset()..],
-        _ => candle_core::bail!("decode attention reads CPU storage only"),
+        _ => candle_core::bail!("attention on the CPU reads CPU storage only"),
     };
-    let mut sequences = Vec::with_capacity(count);
+    let mut sequences = Vec::with_capacity(caches.len());
     for (keys, values) in &guards {
         sequences.push((
             Rows::new(&keys.0, keys.1, d)?,
             Rows::new(&values.0, values.1, d)?,
         ));
     }
+    let views: Vec<(usize, usize)> = (0..count).map(&view).collect();
+    for &(cache, visible) in &views {
+        match sequences.get(cache) {
+            Some((keys, _)) if (1..=keys.positions).contains(&visible) => {}
+            _ => candle_core::bail!("a query row sees {visible} positions of cache {cache}"),
+        }
+    }
     let kv_heads = sequences[0].0.heads;
     let groups = heads / kv_heads.max(1);
     let scale = scale as f32;
+    // The vector kernel reads whole blocks of eight; a head width it cannot
+    // split so (none of the supported models has one) takes the portable loop.
+    let vector = vector && d.is_multiple_of(vector::LANES);
     let mut out = vec![0f32; count * heads * d];
-    // Item `sequence * kv_heads + kv_head` is the query heads of one
-    // sequence that share a key/value head: consecutive heads, so their
-    // queries and outputs are one run of `groups * d` floats, and each cache
-    // row is read once for all of them.
+    // Item `row * kv_heads + kv_head` is the query heads of one row that
+    // share a key/value head: consecutive heads, so their queries and
+    // outputs are one run of `groups * d` floats.
     let attend = |scores: &mut Vec<f32>, (item, out): (usize, &mut [f32])| {
-        let (keys, values) = &sequences[item / kv_heads];
+        let (cache, visible) = views[item / kv_heads];
+        let (keys, values) = &sequences[cache];
         let group = Group {
             queries: &q[item * groups * d..(item + 1) * groups * d],
-            keys,
-            values,
-            kv_head: item % kv_heads,
+            keys: keys.head(item % kv_heads, visible),
+            values: values.head(item % kv_heads, visible),
             scale,
         };
-        if fused {
-            // SAFETY: the CPU supports AVX2, FMA and F16C (see `fused`).
+        match vector {
+            // SAFETY: the CPU has AVX2, FMA and F16C (`has_vector_kernel`),
+            // and `d` is a whole number of blocks.
             #[cfg(target_arch = "x86_64")]
-            unsafe {
-                group.attend_fma(scores, out)
-            }
-        } else {
-            group.attend::<false>(scores, out)
+            true => unsafe { group.attend_vector(scores, out) },
+            _ => group.attend(scores, out),
         }
     };
-    let scores: usize = sequences
-        .iter()
-        .map(|(keys, _)| keys.positions * heads)
-        .sum();
+    let scores: usize = views.iter().map(|(_, visible)| visible * heads).sum();
     if scores < PARALLEL_SCORES {
         let mut scratch = Vec::new();
         out.chunks_mut(groups * d)
@@ -239,89 +304,56 @@ impl<'a> Rows<'a> {
         })
     }
 
-    /// The row of `head` at `position`, as stored.
-    fn row(&self, head: usize, position: usize) -> Row<'a> {
-        let at = self.start + head * self.head_stride + position * self.row_stride;
-        let range = at..at + self.d;
+    /// The first `positions` rows of one head.
+    fn head(&self, head: usize, positions: usize) -> HeadRows<'a> {
+        let first = self.start + head * self.head_stride;
+        let end = match positions {
+            0 => first,
+            positions => first + (positions - 1) * self.row_stride + self.d,
+        };
+        let data = match self.data {
+            RowData::F32(data) => RowData::F32(&data[first..end]),
+            RowData::F16(data) => RowData::F16(&data[first..end]),
+            RowData::Bf16(data) => RowData::Bf16(&data[first..end]),
+        };
+        HeadRows {
+            data,
+            stride: self.row_stride,
+            positions,
+            d: self.d,
+        }
+    }
+}
+
+/// The `positions` rows of one key/value head: row `j` starts at `j * stride`.
+struct HeadRows<'a> {
+    data: RowData<'a>,
+    stride: usize,
+    positions: usize,
+    d: usize,
+}
+
+impl HeadRows<'_> {
+    /// Row `j` as f32: in place when the cache is f32, else widened into `scratch`.
+    fn row<'b>(&'b self, j: usize, scratch: &'b mut [f32]) -> &'b [f32] {
+        let range = j * self.stride..j * self.stride + self.d;
         match self.data {
-            RowData::F32(data) => Row::F32(&data[range]),
-            RowData::F16(data) => Row::F16(&data[range]),
-            RowData::Bf16(data) => Row::Bf16(&data[range]),
-        }
-    }
-}
-
-/// One cache row in the dtype it is stored in.
-#[derive(Clone, Copy)]
-enum Row<'a> {
-    F32(&'a [f32]),
-    F16(&'a [f16]),
-    Bf16(&'a [bf16]),
-}
-
-impl<'a> Row<'a> {
-    /// The row as the `FMA` kernels read it: the vector kernels read 16-bit
-    /// rows in place, widening eight values at a time in registers; the
-    /// portable path widens them into `scratch` (`d` floats) first.
-    #[inline(always)]
-    fn readable<'b, const FMA: bool>(self, scratch: &'b mut [f32]) -> Row<'b>
-    where
-        'a: 'b,
-    {
-        match self {
-            Row::F16(row) if !FMA => {
-                row.convert_to_f32_slice(scratch);
-                Row::F32(scratch)
+            RowData::F32(data) => &data[range],
+            RowData::F16(data) => {
+                data[range].convert_to_f32_slice(scratch);
+                scratch
             }
-            Row::Bf16(row) if !FMA => {
-                row.convert_to_f32_slice(scratch);
-                Row::F32(scratch)
-            }
-            row => row,
-        }
-    }
-
-    /// The dot product of `query` with this row.
-    #[inline(always)]
-    fn dot<const FMA: bool>(self, query: &[f32]) -> f32 {
-        match self {
-            Row::F32(row) => dot::<FMA>(query, row),
-            // SAFETY (both arms): `FMA` kernels run only on CPUs with AVX2,
-            // FMA and F16C ([`fused_multiply_add`]).
-            #[cfg(target_arch = "x86_64")]
-            Row::F16(row) if FMA => unsafe { widening::dot_f16(query, row) },
-            #[cfg(target_arch = "x86_64")]
-            Row::Bf16(row) if FMA => unsafe { widening::dot_bf16(query, row) },
-            Row::F16(_) | Row::Bf16(_) => {
-                unreachable!("16-bit rows reach the portable kernel widened ([`Row::readable`])")
-            }
-        }
-    }
-
-    /// `out += weight * row`, each element one fused multiply-add under `FMA`.
-    #[inline(always)]
-    fn add_scaled<const FMA: bool>(self, weight: f32, out: &mut [f32]) {
-        match self {
-            Row::F32(row) => {
-                for (o, v) in out.iter_mut().zip(row) {
-                    *o = multiply_add::<FMA>(weight, *v, *o);
-                }
-            }
-            // SAFETY: as in `dot`.
-            #[cfg(target_arch = "x86_64")]
-            Row::F16(row) if FMA => unsafe { widening::add_scaled_f16(weight, row, out) },
-            #[cfg(target_arch = "x86_64")]
-            Row::Bf16(row) if FMA => unsafe { widening::add_scaled_bf16(weight, row, out) },
-            Row::F16(_) | Row::Bf16(_) => {
-                unreachable!("16-bit rows reach the portable kernel widened ([`Row::readable`])")
+            RowData::Bf16(data) => {
+                data[range].convert_to_f32_slice(scratch);
+                scratch
             }
         }
     }
 }
 
-/// Whether [`Group::attend_fma`] can run: an x86-64 CPU with AVX2, FMA and
-/// F16C (every AVX2 CPU has the last).
-fn fused_multiply_add() -> bool {
+/// Whether [`Group::attend_vector`] can run: an x86-64 CPU with AVX2, FMA
+/// and F16C (every AVX2 CPU has the last).
+fn has_vector_kernel() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         is_x86_feature_detected!("avx2")
@@ -338,75 +370,79 @@ fn fused_multiply_add() -> bool {
 struct Group<'a> {
     /// `groups * d` floats, head after head.
     queries: &'a [f32],
-    keys: &'a Rows<'a>,
-    values: &'a Rows<'a>,
-    kv_head: usize,
+    keys: HeadRows<'a>,
+    values: HeadRows<'a>,
     scale: f32,
 }
 
 impl Group<'_> {
-    /// [`Group::attend`] compiled for AVX2 with fused multiply-adds; the
-    /// build's baseline is plain x86-64, whose vectors are half as wide.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn attend_fma(&self, scores: &mut Vec<f32>, out: &mut [f32]) {
-        self.attend::<true>(scores, out)
-    }
-
     /// Softmax-weighted sums of the value rows into `out` (`groups * d`),
-    /// with `scores` as scratch.
-    #[inline(always)]
-    fn attend<const FMA: bool>(&self, scores: &mut Vec<f32>, out: &mut [f32]) {
+    /// with `scores` as scratch: the portable loop.
+    fn attend(&self, scores: &mut Vec<f32>, out: &mut [f32]) {
         let (d, positions) = (self.keys.d, self.keys.positions);
         let groups = self.queries.len() / d;
         scores.clear();
         scores.resize(groups * positions, 0.0);
         let mut scratch = vec![0f32; d];
         for j in 0..positions {
-            let key = self.keys.row(self.kv_head, j).readable::<FMA>(&mut scratch);
+            let key = self.keys.row(j, &mut scratch);
             for (g, query) in self.queries.chunks_exact(d).enumerate() {
-                scores[g * positions + j] = key.dot::<FMA>(query) * self.scale;
+                scores[g * positions + j] = dot(query, key) * self.scale;
             }
         }
-        for head in scores.chunks_exact_mut(positions) {
-            let max = head.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for score in head.iter_mut() {
-                *score = (*score - max).exp();
-                sum += *score;
-            }
-            for score in head.iter_mut() {
-                *score /= sum;
-            }
-        }
+        softmax_each(scores, positions);
         out.fill(0.0);
         for j in 0..positions {
-            let value = self
-                .values
-                .row(self.kv_head, j)
-                .readable::<FMA>(&mut scratch);
+            let value = self.values.row(j, &mut scratch);
             for (g, out) in out.chunks_exact_mut(d).enumerate() {
-                value.add_scaled::<FMA>(scores[g * positions + j], out);
+                let weight = scores[g * positions + j];
+                for (o, v) in out.iter_mut().zip(value) {
+                    *o += weight * v;
+                }
             }
+        }
+    }
+
+    /// [`Group::attend`] with the AVX2 kernel for the cache's dtype.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C, and the head width is a multiple of
+    /// [`vector::LANES`].
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn attend_vector(&self, scores: &mut Vec<f32>, out: &mut [f32]) {
+        match (self.keys.data, self.values.data) {
+            (RowData::F32(keys), RowData::F32(values)) => {
+                vector::attend_f32(self, keys, values, scores, out)
+            }
+            (RowData::F16(keys), RowData::F16(values)) => {
+                vector::attend_f16(self, keys, values, scores, out)
+            }
+            (RowData::Bf16(keys), RowData::Bf16(values)) => {
+                vector::attend_bf16(self, keys, values, scores, out)
+            }
+            _ => self.attend(scores, out),
         }
     }
 }
 
-/// `a * b + c`, fused where the caller is compiled for it (unfused it would
-/// be a slow library call).
-#[inline(always)]
-fn multiply_add<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-    if FMA {
-        a.mul_add(b, c)
-    } else {
-        a * b + c
+/// Turn each run of `positions` scores into its softmax, in place.
+fn softmax_each(scores: &mut [f32], positions: usize) {
+    for head in scores.chunks_exact_mut(positions) {
+        let max = head.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for score in head.iter_mut() {
+            *score = (*score - max).exp();
+            sum += *score;
+        }
+        for score in head.iter_mut() {
+            *score /= sum;
+        }
     }
 }
 
 /// A dot product in eight independent lanes, which the compiler keeps in
 /// vector registers (a single running sum could not be reordered).
-#[inline(always)]
-fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0f32; 8];
     let (a_blocks, b_blocks) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = a_blocks
@@ -417,81 +453,143 @@ fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
         .sum();
     for (a, b) in a_blocks.zip(b_blocks) {
         for lane in 0..8 {
-            lanes[lane] = multiply_add::<FMA>(a[lane], b[lane], lanes[lane]);
+            lanes[lane] += a[lane] * b[lane];
         }
     }
     lanes.iter().sum::<f32>() + tail
 }
 
-/// The 16-bit rows of the vector kernels, widened eight values at a time in
-/// registers as they are read. Each computes exactly what its f32 twin
-/// computes on the widened row (widening is exact, and the lanes and the
-/// order of the sums are the same), so the cache dtype alone decides the
-/// result.
+/// The AVX2 attention kernel, one copy per cache dtype. 16-bit rows are
+/// widened eight values at a time in registers as they are read; widening
+/// is exact and every copy does the same arithmetic in the same order, so
+/// the cache dtype alone decides the result.
+///
+/// Scores are computed eight positions at a time, each position's dot
+/// product in its own register, and the eight are summed across lanes
+/// together; the weighted sum of the values keeps eight blocks of one
+/// head's output in registers through every position.
 #[cfg(target_arch = "x86_64")]
-mod widening {
+mod vector {
+    use super::{softmax_each, Group};
     use half::{bf16, f16};
     use std::arch::x86_64::*;
 
-    /// Eight f16 values from `row[at..at + 8]` as f32.
+    /// Floats in one AVX register.
+    pub(super) const LANES: usize = 8;
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load_f16(row: &[f16], at: usize) -> __m256 {
-        debug_assert!(at + 8 <= row.len());
-        _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(at).cast()))
+    unsafe fn load_f32(rows: &[f32], at: usize) -> __m256 {
+        debug_assert!(at + LANES <= rows.len());
+        _mm256_loadu_ps(rows.as_ptr().add(at))
     }
 
-    /// Eight bf16 values from `row[at..at + 8]` as f32: a bf16 is the top
-    /// half of an f32.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load_bf16(row: &[bf16], at: usize) -> __m256 {
-        debug_assert!(at + 8 <= row.len());
-        let halves = _mm256_cvtepu16_epi32(_mm_loadu_si128(row.as_ptr().add(at).cast()));
+    unsafe fn load_f16(rows: &[f16], at: usize) -> __m256 {
+        debug_assert!(at + LANES <= rows.len());
+        _mm256_cvtph_ps(_mm_loadu_si128(rows.as_ptr().add(at).cast()))
+    }
+
+    /// A bf16 is the top half of an f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load_bf16(rows: &[bf16], at: usize) -> __m256 {
+        debug_assert!(at + LANES <= rows.len());
+        let halves = _mm256_cvtepu16_epi32(_mm_loadu_si128(rows.as_ptr().add(at).cast()));
         _mm256_castsi256_ps(_mm256_slli_epi32::<16>(halves))
     }
 
-    /// The two kernels for one 16-bit type, `load` reading eight of its
-    /// values as f32: `$dot` is [`super::dot`] and `$add_scaled` is
-    /// [`super::Row::add_scaled`] on the widened row, lane for lane.
-    macro_rules! kernels {
-        ($t:ty, $load:ident, $dot:ident, $add_scaled:ident) => {
-            #[target_feature(enable = "avx2,fma,f16c")]
-            pub(super) unsafe fn $dot(query: &[f32], row: &[$t]) -> f32 {
-                let blocks = query.len().min(row.len()) / 8 * 8;
-                let mut sums = _mm256_setzero_ps();
-                for at in (0..blocks).step_by(8) {
-                    let q = _mm256_loadu_ps(query.as_ptr().add(at));
-                    sums = _mm256_fmadd_ps(q, $load(row, at), sums);
-                }
-                let mut lanes = [0f32; 8];
-                _mm256_storeu_ps(lanes.as_mut_ptr(), sums);
-                let tail: f32 = query[blocks..]
-                    .iter()
-                    .zip(&row[blocks..])
-                    .map(|(x, y)| x * y.to_f32())
-                    .sum();
-                lanes.iter().sum::<f32>() + tail
-            }
+    /// The lane sums of eight registers, `sums[r]` in lane `r`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn sum_each(sums: &[__m256; 8]) -> __m256 {
+        let pairs = [
+            _mm256_hadd_ps(sums[0], sums[1]),
+            _mm256_hadd_ps(sums[2], sums[3]),
+            _mm256_hadd_ps(sums[4], sums[5]),
+            _mm256_hadd_ps(sums[6], sums[7]),
+        ];
+        // Lanes 0-3 now hold the sums of the low halves of registers 0-3
+        // (and 4-7 in `high`), lanes 4-7 those of their high halves.
+        let low = _mm256_hadd_ps(pairs[0], pairs[1]);
+        let high = _mm256_hadd_ps(pairs[2], pairs[3]);
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(low, high),
+            _mm256_permute2f128_ps::<0x31>(low, high),
+        )
+    }
 
+    macro_rules! kernel {
+        ($t:ty, $load:ident, $attend:ident) => {
+            /// [`Group::attend`] on rows of this dtype (`keys` and
+            /// `values` are the group's head rows as stored).
             #[target_feature(enable = "avx2,fma,f16c")]
-            pub(super) unsafe fn $add_scaled(weight: f32, row: &[$t], out: &mut [f32]) {
-                let blocks = out.len().min(row.len()) / 8 * 8;
-                let weights = _mm256_set1_ps(weight);
-                for at in (0..blocks).step_by(8) {
-                    let sums = _mm256_loadu_ps(out.as_ptr().add(at));
-                    let sums = _mm256_fmadd_ps(weights, $load(row, at), sums);
-                    _mm256_storeu_ps(out.as_mut_ptr().add(at), sums);
+            pub(super) unsafe fn $attend(
+                group: &Group,
+                keys: &[$t],
+                values: &[$t],
+                scores: &mut Vec<f32>,
+                out: &mut [f32],
+            ) {
+                let (d, positions) = (group.keys.d, group.keys.positions);
+                let (key_stride, value_stride) = (group.keys.stride, group.values.stride);
+                let groups = group.queries.len() / d;
+                let blocks = d / LANES;
+                scores.clear();
+                scores.resize(groups * positions, 0.0);
+                let scale = _mm256_set1_ps(group.scale);
+                for (query, head) in group
+                    .queries
+                    .chunks_exact(d)
+                    .zip(scores.chunks_exact_mut(positions))
+                {
+                    for first in (0..positions).step_by(LANES) {
+                        // A last run of fewer than eight positions sums zeros
+                        // for the missing ones, so every position's score is
+                        // summed in the same order.
+                        let rows = LANES.min(positions - first);
+                        let mut sums = [_mm256_setzero_ps(); LANES];
+                        for block in 0..blocks {
+                            let q = _mm256_loadu_ps(query.as_ptr().add(block * LANES));
+                            for (r, sum) in sums.iter_mut().enumerate().take(rows) {
+                                let key = $load(keys, (first + r) * key_stride + block * LANES);
+                                *sum = _mm256_fmadd_ps(q, key, *sum);
+                            }
+                        }
+                        let mut lanes = [0f32; LANES];
+                        _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_mul_ps(sum_each(&sums), scale));
+                        head[first..first + rows].copy_from_slice(&lanes[..rows]);
+                    }
                 }
-                for (o, v) in out[blocks..].iter_mut().zip(&row[blocks..]) {
-                    *o = weight.mul_add(v.to_f32(), *o);
+                softmax_each(scores, positions);
+                for (weights, out) in scores.chunks_exact(positions).zip(out.chunks_exact_mut(d)) {
+                    // Eight blocks of the output (64 floats) at a time stay
+                    // in registers through every position.
+                    for first_block in (0..blocks).step_by(LANES) {
+                        let count = LANES.min(blocks - first_block);
+                        let mut sums = [_mm256_setzero_ps(); LANES];
+                        for (j, weight) in weights.iter().enumerate() {
+                            let weight = _mm256_set1_ps(*weight);
+                            let row = j * value_stride + first_block * LANES;
+                            for (b, sum) in sums.iter_mut().enumerate().take(count) {
+                                *sum =
+                                    _mm256_fmadd_ps(weight, $load(values, row + b * LANES), *sum);
+                            }
+                        }
+                        for (b, sum) in sums.iter().enumerate().take(count) {
+                            let at = (first_block + b) * LANES;
+                            _mm256_storeu_ps(out.as_mut_ptr().add(at), *sum);
+                        }
+                    }
                 }
             }
         };
     }
 
-    kernels!(f16, load_f16, dot_f16, add_scaled_f16);
-    kernels!(bf16, load_bf16, dot_bf16, add_scaled_bf16);
+    kernel!(f32, load_f32, attend_f32);
+    kernel!(f16, load_f16, attend_f16);
+    kernel!(bf16, load_bf16, attend_bf16);
 }
 
 #[cfg(test)]
@@ -612,11 +710,34 @@ mod tests {
     fn decode_attention_matches_the_matmul_path() {
         // d = 20 leaves a tail after the blocks of eight.
         for d in [64, 20] {
-            let (queries, caches) = decode_inputs(6, 2, &[5, 40], d);
+            let (queries, caches) = decode_inputs(6, 2, &[5, 45], d);
             let scale = 1.0 / (d as f64).sqrt();
             let out = flat(&decode_attention(&queries, &caches, scale).unwrap());
             let expected = flat(&decode_attention_by_ops(&queries, &caches, scale).unwrap());
             let diff = max_difference(&out, &expected);
+            assert!(diff < 1e-5, "d = {d}: max difference {diff}");
+        }
+    }
+
+    #[test]
+    fn prompt_attention_matches_the_matmul_path_after_a_cached_prefix() {
+        // Three prompt rows after 42 cached positions, over a cache with room
+        // to spare; d = 20 takes the portable loop.
+        for d in [64, 20] {
+            let (heads, kv_heads, seq, total) = (6, 2, 3, 45);
+            let (rows, caches) = decode_inputs(heads, kv_heads, &[total; 1], d);
+            let queries = rows
+                .narrow(0, 0, 1)
+                .and_then(|one| one.repeat((seq, 1, 1, 1)))
+                .and_then(|q| q.affine(0.5, 0.25))
+                .and_then(|q| q.reshape((1, heads, seq, d)))
+                .unwrap();
+            let (keys, values) = &caches[0];
+            let scale = 1.0 / (d as f64).sqrt();
+            let out = flat(&prompt_attention(&queries, keys, values, scale).unwrap());
+            let mask = causal_mask(seq, total, &Device::Cpu).unwrap();
+            let expected = causal_attention(&queries, keys, values, mask.as_ref(), scale).unwrap();
+            let diff = max_difference(&out, &flat(&expected));
             assert!(diff < 1e-5, "d = {d}: max difference {diff}");
         }
     }
@@ -628,7 +749,7 @@ mod tests {
     fn a_16_bit_cache_reads_as_its_values_widened_to_f32() {
         for dtype in [DType::F16, DType::BF16] {
             for d in [64, 20] {
-                let (queries, caches) = decode_inputs(6, 2, &[5, 40], d);
+                let (queries, caches) = decode_inputs(6, 2, &[5, 45], d);
                 let stored: Vec<(Tensor, Tensor)> = caches
                     .iter()
                     .map(|(k, v)| (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap()))
@@ -643,14 +764,14 @@ mod tests {
                     })
                     .collect();
                 let scale = 1.0 / (d as f64).sqrt();
-                for fused in [false, fused_multiply_add()] {
+                for vector in [false, has_vector_kernel()] {
                     let attend = |caches: &[(Tensor, Tensor)]| {
-                        flat(&decode_attention_on_cpu(&queries, caches, scale, fused).unwrap())
+                        flat(&decode_attention_on_cpu(&queries, caches, scale, vector).unwrap())
                     };
                     assert_eq!(
                         attend(&stored),
                         attend(&widened),
-                        "{dtype:?}, d = {d}, {fused}"
+                        "{dtype:?}, d = {d}, vector kernel {vector}"
                     );
                 }
             }

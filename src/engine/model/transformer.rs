@@ -4,7 +4,7 @@
 //! The model holds no state between calls: the caller passes the [`KvCache`],
 //! whose length is the position of the first token given.
 
-use super::attention::{causal_attention, causal_mask, decode_attention};
+use super::attention::{decode_attention, prompt_attention};
 use super::weights::{Embedding, Linear, Pass, PrefillWeights, WeightFile};
 use super::Config;
 use crate::engine::kv_cache::KvCache;
@@ -342,19 +342,11 @@ impl Transformer {
         let start = cache.len();
         let mut x = self.embed_tokens.rows(tokens, &self.device)?.unsqueeze(0)?;
         let (cos, sin) = self.rope.at(start, tokens.len())?;
-        let mask = causal_mask(tokens.len(), start + tokens.len(), &self.device)?;
         let eps = self.config.rms_norm_eps as f32;
         for (layer, block) in self.blocks.iter().enumerate() {
             let normed = candle_nn::ops::rms_norm(&x, &block.input_layernorm, eps)?;
             let rope = (&cos, &sin);
-            let attended = self.attention(
-                &block.self_attn,
-                &normed,
-                (layer, cache),
-                rope,
-                mask.as_ref(),
-                pass,
-            )?;
+            let attended = self.attention(&block.self_attn, &normed, (layer, cache), rope, pass)?;
             x = (x + attended)?;
             let normed = candle_nn::ops::rms_norm(&x, &block.post_attention_layernorm, eps)?;
             x = (x + block.mlp.forward(&normed, pass)?)?;
@@ -368,7 +360,6 @@ impl Transformer {
         x: &Tensor,
         (layer, cache): (usize, &mut KvCache),
         (cos, sin): (&Tensor, &Tensor),
-        mask: Option<&Tensor>,
         pass: Pass,
     ) -> candle_core::Result<Tensor> {
         let c = &self.config;
@@ -394,10 +385,7 @@ impl Transformer {
             .append(layer, &k, &v)
             .map_err(candle_core::Error::wrap)?;
         let scale = 1.0 / (c.head_dim as f64).sqrt();
-        // A 16-bit cache is widened for the prompt's matmuls (a no-op for f32).
-        let keys = keys.to_dtype(DType::F32)?;
-        let values = values.to_dtype(DType::F32)?;
-        let out = causal_attention(&q, &keys, &values, mask, scale)?;
+        let out = prompt_attention(&q, &keys, &values, scale)?;
         attn.o_proj.forward(&out, pass)
     }
 }
