@@ -6,6 +6,7 @@
 //! model code with small variations.
 
 mod attention;
+mod q4_1;
 mod transformer;
 mod weights;
 

@@ -16,16 +16,81 @@ use candle_core::{DType, Device, Tensor};
 const PREFILL_BATCH: usize = 512;
 
 struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
+    /// The query, key and value projections.
+    qkv: Projections,
     o_proj: Linear,
 }
 
 struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
+    /// The gate and up projections.
+    gate_up: Projections,
     down_proj: Linear,
+}
+
+/// Matmuls that read the same input: one stacked weight where the file
+/// stores them alike, else one matmul each.
+enum Projections {
+    Stacked { weight: Linear, outs: Vec<usize> },
+    Separate(Vec<Linear>),
+}
+
+impl Projections {
+    /// Read `{layer}.{name}` for each `(name, out)` of `parts`, all `(out, in)`.
+    fn new(
+        weights: &mut WeightFile,
+        layer: &str,
+        (parts, in_dim): (&[(&str, usize)], usize),
+        bias: bool,
+        prefill: PrefillWeights,
+        device: &Device,
+    ) -> Result<Self> {
+        let prefixes: Vec<String> = parts
+            .iter()
+            .map(|(name, _)| format!("{layer}.{name}"))
+            .collect();
+        let outs: Vec<usize> = parts.iter().map(|(_, out)| *out).collect();
+        if let Some(weight) =
+            weights.stacked_linear(&prefixes, (&outs, in_dim), bias, prefill, device)?
+        {
+            return Ok(Projections::Stacked { weight, outs });
+        }
+        let mut linears = Vec::with_capacity(parts.len());
+        for (prefix, out) in prefixes.iter().zip(&outs) {
+            linears.push(weights.linear(prefix, (*out, in_dim), bias, prefill, device)?);
+        }
+        Ok(Projections::Separate(linears))
+    }
+
+    /// Each projection of `x` `(1, seq, in)`, in the order they were read.
+    fn forward(&self, x: &Tensor, pass: Pass) -> candle_core::Result<Vec<Tensor>> {
+        match self {
+            Projections::Stacked { weight, outs } => {
+                let stacked = weight.forward(x, pass)?;
+                let mut start = 0;
+                // Each part is copied out whole: the elementwise ops that
+                // follow run several times faster on contiguous tensors.
+                outs.iter()
+                    .map(|&out| {
+                        let part = stacked.narrow(2, start, out)?.contiguous();
+                        start += out;
+                        part
+                    })
+                    .collect()
+            }
+            Projections::Separate(linears) => linears
+                .iter()
+                .map(|linear| linear.forward(x, pass))
+                .collect(),
+        }
+    }
+}
+
+/// The `N` outputs of [`Projections::forward`] as an array.
+fn outputs<const N: usize>(outputs: Vec<Tensor>) -> candle_core::Result<[Tensor; N]> {
+    let count = outputs.len();
+    outputs
+        .try_into()
+        .map_err(|_| candle_core::Error::Msg(format!("{count} projections where {N} were read")))
 }
 
 struct Block {
@@ -72,19 +137,41 @@ impl Transformer {
         let mut blocks = Vec::with_capacity(c.layers);
         for layer in 0..c.layers {
             let p = format!("model.layers.{layer}");
-            let mut linear = |name: &str, shape, bias| {
-                weights.linear(&format!("{p}.{name}"), shape, bias, prefill, device)
-            };
+            let qkv = [
+                ("self_attn.q_proj", q_dim),
+                ("self_attn.k_proj", kv_dim),
+                ("self_attn.v_proj", kv_dim),
+            ];
             let self_attn = Attention {
-                q_proj: linear("self_attn.q_proj", (q_dim, hidden), c.attention_bias)?,
-                k_proj: linear("self_attn.k_proj", (kv_dim, hidden), c.attention_bias)?,
-                v_proj: linear("self_attn.v_proj", (kv_dim, hidden), c.attention_bias)?,
-                o_proj: linear("self_attn.o_proj", (hidden, q_dim), false)?,
+                qkv: Projections::new(
+                    weights,
+                    &p,
+                    (&qkv, hidden),
+                    c.attention_bias,
+                    prefill,
+                    device,
+                )?,
+                o_proj: weights.linear(
+                    &format!("{p}.self_attn.o_proj"),
+                    (hidden, q_dim),
+                    false,
+                    prefill,
+                    device,
+                )?,
             };
+            let gate_up = [
+                ("mlp.gate_proj", c.intermediate_size),
+                ("mlp.up_proj", c.intermediate_size),
+            ];
             let mlp = Mlp {
-                gate_proj: linear("mlp.gate_proj", (c.intermediate_size, hidden), false)?,
-                up_proj: linear("mlp.up_proj", (c.intermediate_size, hidden), false)?,
-                down_proj: linear("mlp.down_proj", (hidden, c.intermediate_size), false)?,
+                gate_up: Projections::new(weights, &p, (&gate_up, hidden), false, prefill, device)?,
+                down_proj: weights.linear(
+                    &format!("{p}.mlp.down_proj"),
+                    (hidden, c.intermediate_size),
+                    false,
+                    prefill,
+                    device,
+                )?,
             };
             blocks.push(Block {
                 input_layernorm: weights.dense(
@@ -252,18 +339,11 @@ impl Transformer {
             let normed = candle_nn::ops::rms_norm(&x, &block.input_layernorm, eps)?;
             let attn = &block.self_attn;
             // (sequences, heads, 1, head_dim), a reshape of the projection's rows.
-            let project = |linear: &Linear, heads: usize| {
-                linear
-                    .forward(&normed, Pass::Decode)?
-                    .reshape((count, heads, 1, c.head_dim))
-            };
-            let q = self
-                .rope
-                .apply(&project(&attn.q_proj, c.heads)?, &cos, &sin)?;
-            let k = self
-                .rope
-                .apply(&project(&attn.k_proj, c.kv_heads)?, &cos, &sin)?;
-            let v = project(&attn.v_proj, c.kv_heads)?;
+            let [q, k, v] = outputs(attn.qkv.forward(&normed, Pass::Decode)?)?;
+            let by_head = |t: Tensor, heads: usize| t.reshape((count, heads, 1, c.head_dim));
+            let q = self.rope.apply(&by_head(q, c.heads)?, &cos, &sin)?;
+            let k = self.rope.apply(&by_head(k, c.kv_heads)?, &cos, &sin)?;
+            let v = by_head(v, c.kv_heads)?;
             let mut sequences = Vec::with_capacity(count);
             for (i, cache) in caches.iter_mut().enumerate() {
                 let keys = k.get(i)?.unsqueeze(0)?;
@@ -365,9 +445,7 @@ impl Transformer {
         let c = &self.config;
         let seq = x.dim(1)?;
         // 1. Project: (1, seq, heads * head_dim).
-        let q = attn.q_proj.forward(x, pass)?;
-        let k = attn.k_proj.forward(x, pass)?;
-        let v = attn.v_proj.forward(x, pass)?;
+        let [q, k, v] = outputs(attn.qkv.forward(x, pass)?)?;
         // 2. Split heads: (1, heads, seq, head_dim).
         let heads_first = |t: Tensor, heads: usize| {
             t.reshape((1, seq, heads, c.head_dim))?
@@ -392,8 +470,8 @@ impl Transformer {
 
 impl Mlp {
     fn forward(&self, x: &Tensor, pass: Pass) -> candle_core::Result<Tensor> {
-        let gate = candle_nn::ops::silu(&self.gate_proj.forward(x, pass)?)?;
-        let up = self.up_proj.forward(x, pass)?;
+        let [gate, up] = outputs(self.gate_up.forward(x, pass)?)?;
+        let gate = candle_nn::ops::silu(&gate)?;
         self.down_proj.forward(&(gate * up)?, pass)
     }
 }

@@ -5,10 +5,12 @@
 //! Q4_0, Q8_0 and the K-quants but fall back to a slow generic loop for Q4_1,
 //! Q5_0 and Q5_1, which is what small models (576- or 896-wide rows, too narrow
 //! for K-quants) are stored in. So at load time:
-//! - slow quantized types are re-quantized to Q8_0 for single-token steps (decode);
+//! - Q4_1 weights stay as stored, for our own kernel ([`Q4_1Matmul`]); the
+//!   other slow types are re-quantized to Q8_0 for single-token steps (decode);
 //! - for prompt tokens (prefill) a dense f32 copy runs a GEMM, which beats every
 //!   quantized kernel, when [`PrefillWeights::Dense`] is chosen.
 
+use super::q4_1::Q4_1Matmul;
 use crate::error::{CandleContext, Error, Result};
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Tensor};
@@ -41,11 +43,19 @@ pub enum Pass {
     Decode,
 }
 
+/// The weight a decode step multiplies with.
+#[derive(Debug, Clone)]
+enum DecodeWeight {
+    /// candle's matmul: dense weights, and the quantized types it is fast for.
+    Candle(QMatMul),
+    Q4_1(Q4_1Matmul),
+}
+
 /// A matmul weight, with an optional dense copy for prompts, and an optional bias.
 #[derive(Debug, Clone)]
 pub(crate) struct Linear {
     /// Used for decode steps, and for prompts too when `dense` is absent.
-    weight: QMatMul,
+    weight: DecodeWeight,
     /// The input width `weight` expects: wider than the layer's input when the
     /// weight was padded for a faster kernel.
     decode_in: usize,
@@ -59,15 +69,17 @@ impl Linear {
     pub(crate) fn forward(&self, x: &Tensor, pass: Pass) -> candle_core::Result<Tensor> {
         let y = match (&self.dense, pass) {
             (Some(dense), Pass::Prompt) => dense_matmul(&x.squeeze(0)?, dense)?.unsqueeze(0)?,
-            _ => {
-                let in_dim = x.dim(2)?;
-                if in_dim < self.decode_in {
-                    self.weight
-                        .forward(&x.pad_with_zeros(2, 0, self.decode_in - in_dim)?)?
-                } else {
-                    self.weight.forward(x)?
+            _ => match &self.weight {
+                DecodeWeight::Q4_1(weight) => weight.forward(x)?,
+                DecodeWeight::Candle(weight) => {
+                    let in_dim = x.dim(2)?;
+                    if in_dim < self.decode_in {
+                        weight.forward(&x.pad_with_zeros(2, 0, self.decode_in - in_dim)?)?
+                    } else {
+                        weight.forward(x)?
+                    }
                 }
-            }
+            },
         };
         match &self.bias {
             Some(bias) => y.broadcast_add(bias),
@@ -235,19 +247,70 @@ impl WeightFile {
         } else {
             None
         };
+        Linear::new(stored, bias, prefill, device).context(format!("preparing {name}"))
+    }
+
+    /// The matmul weights `{prefix}.weight` of `(outs[i], in)` that read the
+    /// same input, stacked into one `(Σ outs, in)` weight whose output
+    /// columns are theirs one after another, or `None` where the file stores
+    /// them in different types (Q4_K_M files mix Q4_K and Q6_K). One stacked
+    /// matmul quantizes its input once and wakes the cores once, where the
+    /// separate ones would do both for each; each column's dot product is
+    /// the same.
+    pub(crate) fn stacked_linear(
+        &mut self,
+        prefixes: &[String],
+        (outs, in_dim): (&[usize], usize),
+        bias: bool,
+        prefill: PrefillWeights,
+        device: &Device,
+    ) -> Result<Option<Linear>> {
+        let mut parts = Vec::with_capacity(prefixes.len());
+        for (prefix, &out_dim) in prefixes.iter().zip(outs) {
+            parts.push(self.read(&format!("{prefix}.weight"), &[out_dim, in_dim], device)?);
+        }
+        let rows: usize = outs.iter().sum();
+        let name = format!("{} stacked", prefixes.join(", "));
+        let Some(stored) =
+            Stored::stack(&parts, (rows, in_dim), device).context(format!("stacking {name}"))?
+        else {
+            return Ok(None);
+        };
+        let bias = if bias {
+            let mut biases = Vec::with_capacity(prefixes.len());
+            for (prefix, &out_dim) in prefixes.iter().zip(outs) {
+                biases.push(self.dense(&format!("{prefix}.bias"), &[out_dim], device)?);
+            }
+            Some(Tensor::cat(&biases, 0).context(format!("stacking the biases of {name}"))?)
+        } else {
+            None
+        };
+        Linear::new(stored, bias, prefill, device)
+            .context(format!("preparing {name}"))
+            .map(Some)
+    }
+}
+
+impl Linear {
+    /// The matmul of a weight as the file stores it, with its dense copy
+    /// for prompts when `prefill` asks for one.
+    fn new(
+        stored: Stored,
+        bias: Option<Tensor>,
+        prefill: PrefillWeights,
+        device: &Device,
+    ) -> candle_core::Result<Linear> {
         let (weight, dense, decode_in) = match stored {
-            Stored::Dense(tensor) => (QMatMul::Tensor(tensor), None, in_dim),
+            Stored::Dense(tensor) => {
+                let in_dim = tensor.dim(1)?;
+                (DecodeWeight::Candle(QMatMul::Tensor(tensor)), None, in_dim)
+            }
             Stored::Quantized(tensor) => {
                 let dense = match prefill {
-                    PrefillWeights::Dense if device.is_cpu() => Some(
-                        tensor
-                            .dequantize(device)
-                            .context(format!("dequantizing {name}"))?,
-                    ),
+                    PrefillWeights::Dense if device.is_cpu() => Some(tensor.dequantize(device)?),
                     _ => None,
                 };
-                let (weight, decode_in) =
-                    decode_weight(tensor, device).context(format!("preparing {name}"))?;
+                let (weight, decode_in) = decode_weight(tensor, device)?;
                 (weight, dense, decode_in)
             }
         };
@@ -280,7 +343,10 @@ impl Embedding {
     /// dense copy for prompts.
     pub(crate) fn as_output_head(&self, device: &Device) -> candle_core::Result<Linear> {
         let (weight, decode_in) = match self {
-            Embedding::Dense(table) => (QMatMul::Tensor(table.clone()), table.dim(1)?),
+            Embedding::Dense(table) => (
+                DecodeWeight::Candle(QMatMul::Tensor(table.clone())),
+                table.dim(1)?,
+            ),
             Embedding::Quantized { table, .. } => decode_weight(table.clone(), device)?,
         };
         Ok(Linear {
@@ -319,15 +385,22 @@ impl Embedding {
 }
 
 /// The quantized weight that single-token steps multiply with: as stored when
-/// candle has a fast CPU kernel for its type, else re-quantized to Q8_0.
+/// candle or [`Q4_1Matmul`] has a fast CPU kernel for its type, else
+/// re-quantized to Q8_0.
 ///
 /// On CPUs with AVX512-VNNI, candle multiplies Q8_0 weights with a repacked
 /// kernel about twice as fast as its AVX2 one, but only when the input width is
 /// a multiple of 256. Re-quantized weights are then padded with zero columns up
 /// to that width (the caller pads its input to match); the zeros add nothing to
 /// the sums. Returns the weight and the input width it expects.
-fn decode_weight(tensor: Arc<QTensor>, device: &Device) -> candle_core::Result<(QMatMul, usize)> {
+fn decode_weight(
+    tensor: Arc<QTensor>,
+    device: &Device,
+) -> candle_core::Result<(DecodeWeight, usize)> {
     let in_dim = tensor.shape().dims()[1];
+    if let Some(matmul) = Q4_1Matmul::new(Arc::clone(&tensor)) {
+        return Ok((DecodeWeight::Q4_1(matmul), in_dim));
+    }
     let slow_on_cpu = matches!(
         tensor.dtype(),
         GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1 | GgmlDType::Q8_1
@@ -336,7 +409,7 @@ fn decode_weight(tensor: Arc<QTensor>, device: &Device) -> candle_core::Result<(
     // Q8_0 re-quantizes to itself, so widening one costs no precision.
     let narrow_q8_0 = tensor.dtype() == GgmlDType::Q8_0 && !in_dim.is_multiple_of(REPACKED_WIDTH);
     if !device.is_cpu() || !(slow_on_cpu || (repackable && narrow_q8_0)) {
-        return Ok((QMatMul::from_arc(tensor)?, in_dim));
+        return Ok((DecodeWeight::Candle(QMatMul::from_arc(tensor)?), in_dim));
     }
     let mut dense = tensor.dequantize(device)?;
     let padded_in = if repackable {
@@ -348,7 +421,7 @@ fn decode_weight(tensor: Arc<QTensor>, device: &Device) -> candle_core::Result<(
         dense = dense.pad_with_zeros(1, 0, padded_in - in_dim)?;
     }
     let weight = QMatMul::from_qtensor(QTensor::quantize(&dense, GgmlDType::Q8_0)?)?;
-    Ok((weight, padded_in))
+    Ok((DecodeWeight::Candle(weight), padded_in))
 }
 
 /// The input widths candle's repacked x86 Q8_0 kernel accepts are multiples of this.
@@ -372,6 +445,48 @@ enum Stored {
 }
 
 impl Stored {
+    /// `parts` stacked row after row into one `(rows, in)` tensor, when
+    /// they are stored alike: all dense, or all of one quantized type on
+    /// the CPU (whose rows are whole blocks, so their bytes stack as rows).
+    fn stack(
+        parts: &[Stored],
+        (rows, in_dim): (usize, usize),
+        device: &Device,
+    ) -> candle_core::Result<Option<Stored>> {
+        let dense: Vec<&Tensor> = parts
+            .iter()
+            .filter_map(|part| match part {
+                Stored::Dense(tensor) => Some(tensor),
+                Stored::Quantized(_) => None,
+            })
+            .collect();
+        if dense.len() == parts.len() {
+            return Tensor::cat(&dense, 0).map(|tensor| Some(Stored::Dense(tensor)));
+        }
+        let quantized: Vec<&Arc<QTensor>> = parts
+            .iter()
+            .filter_map(|part| match part {
+                Stored::Quantized(tensor) => Some(tensor),
+                Stored::Dense(_) => None,
+            })
+            .collect();
+        let Some(dtype) = quantized.first().map(|tensor| tensor.dtype()) else {
+            return Ok(None);
+        };
+        let alike = quantized.len() == parts.len()
+            && quantized.iter().all(|tensor| tensor.dtype() == dtype);
+        if !alike || !device.is_cpu() {
+            return Ok(None);
+        }
+        let mut bytes = Vec::new();
+        for tensor in quantized {
+            bytes.extend_from_slice(&tensor.data()?);
+        }
+        let storage = QStorage::from_data(Cow::Owned(bytes), device, dtype)?;
+        let stacked = QTensor::new(storage, (rows, in_dim))?;
+        Ok(Some(Stored::Quantized(Arc::new(stacked))))
+    }
+
     fn dims(&self) -> Vec<usize> {
         match self {
             Stored::Quantized(tensor) => tensor.shape().dims().to_vec(),
