@@ -94,7 +94,7 @@ pub fn decode_attention(
     if !readable_on_cpu(queries, caches) {
         return decode_attention_by_ops(&queries.contiguous()?, caches, scale);
     }
-    decode_attention_on_cpu(queries, caches, scale, has_vector_kernel())
+    decode_attention_on_cpu(queries, caches, scale, super::has_avx2_fma_f16c())
 }
 
 /// [`decode_attention`] on tensors [`readable_on_cpu`], with the AVX2 kernel when `vector`.
@@ -156,7 +156,7 @@ pub fn prompt_attention(
         &caches,
         |row| (0, first + row + 1),
         scale,
-        has_vector_kernel(),
+        super::has_avx2_fma_f16c(),
     )
 }
 
@@ -164,7 +164,7 @@ pub fn prompt_attention(
 /// over a cache of `caches` (f32, f16 or bf16): row `r` attends to the first
 /// `visible` positions of `caches[cache]`, where `(cache, visible) =
 /// view(r)`. With the AVX2 kernel when `vector`, which only a CPU that
-/// passes [`has_vector_kernel`] may ask for. Returns `(1, rows, heads * d)`.
+/// passes [`super::has_avx2_fma_f16c`] may ask for. Returns `(1, rows, heads * d)`.
 fn attention_on_cpu(
     queries: &Tensor,
     caches: &[(Tensor, Tensor)],
@@ -217,7 +217,7 @@ fn attention_on_cpu(
             scale,
         };
         match vector {
-            // SAFETY: the CPU has AVX2, FMA and F16C (`has_vector_kernel`),
+            // SAFETY: the CPU has AVX2, FMA and F16C (`has_avx2_fma_f16c`),
             // and `d` is a whole number of blocks.
             #[cfg(target_arch = "x86_64")]
             true => unsafe { group.attend_vector(scores, out) },
@@ -348,21 +348,6 @@ impl HeadRows<'_> {
                 scratch
             }
         }
-    }
-}
-
-/// Whether [`Group::attend_vector`] can run: an x86-64 CPU with AVX2, FMA
-/// and F16C (every AVX2 CPU has the last).
-fn has_vector_kernel() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
     }
 }
 
@@ -764,7 +749,7 @@ mod tests {
                     })
                     .collect();
                 let scale = 1.0 / (d as f64).sqrt();
-                for vector in [false, has_vector_kernel()] {
+                for vector in [false, super::super::has_avx2_fma_f16c()] {
                     let attend = |caches: &[(Tensor, Tensor)]| {
                         flat(&decode_attention_on_cpu(&queries, caches, scale, vector).unwrap())
                     };

@@ -10,6 +10,21 @@ mod q4_1;
 mod transformer;
 mod weights;
 
+/// Whether this CPU runs the vector kernels of [`attention`] and [`q4_1`]:
+/// x86-64 with AVX2, FMA and F16C (every AVX2 CPU has the last).
+fn has_avx2_fma_f16c() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 pub use transformer::Transformer;
 pub(crate) use weights::WeightFile;
 pub use weights::{Pass, PrefillWeights};

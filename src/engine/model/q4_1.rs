@@ -39,7 +39,7 @@ impl Q4_1Matmul {
         let fits = weight.dtype() == GgmlDType::Q4_1
             && weight.device().is_cpu()
             && width.is_multiple_of(BLOCK)
-            && has_kernel();
+            && super::has_avx2_fma_f16c();
         fits.then_some(Q4_1Matmul {
             weight,
             rows,
@@ -86,7 +86,7 @@ impl Q4_1Matmul {
                     let at = (first + offset) * row_bytes;
                     let row = &weight[at..at + row_bytes];
                     for (tile, out) in inputs.chunks(TILE).zip(out.chunks_mut(TILE)) {
-                        // SAFETY: `new` admitted this CPU (`has_kernel`).
+                        // SAFETY: `new` admitted this CPU (`has_avx2_fma_f16c`).
                         unsafe { kernel::dot_rows(row, tile, out) };
                     }
                 }
@@ -130,19 +130,6 @@ fn quantize(row: &[f32], blocks: &mut [InputBlock]) {
         }
         block.scale = scale;
         block.sum = scale * total as f32;
-    }
-}
-
-fn has_kernel() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
     }
 }
 
@@ -297,21 +284,14 @@ mod tests {
             .unwrap()
             .flatten_all()
             .unwrap();
-        let scale = expected
-            .abs()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        let diff = (out - expected)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let largest = |t: Tensor| {
+            t.abs()
+                .and_then(|t| t.max(0))
+                .and_then(|t| t.to_scalar::<f32>())
+                .unwrap()
+        };
+        let scale = largest(expected.clone());
+        let diff = largest((out - expected).unwrap());
         assert!(
             diff < 0.01 * scale,
             "max difference {diff} at scale {scale}"
