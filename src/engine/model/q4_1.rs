@@ -11,7 +11,7 @@
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Result, Tensor};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Values per block, in weights and inputs alike.
 const BLOCK: usize = 32;
@@ -78,9 +78,9 @@ impl Q4_1Matmul {
             .collect();
         candle_core::utils::barrier_pool().execute_chunked(runs.len(), |indices| {
             for index in indices {
-                let Ok(mut out) = runs[index].lock() else {
-                    continue;
-                };
+                // Each run has one writer, so its lock is never contended
+                // and can only be poisoned by a panic candle re-raises.
+                let mut out = runs[index].lock().unwrap_or_else(PoisonError::into_inner);
                 let first = index * run;
                 for (offset, out) in out.chunks_exact_mut(seq).enumerate() {
                     let at = (first + offset) * row_bytes;

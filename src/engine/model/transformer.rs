@@ -5,7 +5,7 @@
 //! whose length is the position of the first token given.
 
 use super::attention::{decode_attention, prompt_attention};
-use super::weights::{Embedding, Linear, Pass, PrefillWeights, WeightFile};
+use super::weights::{Embedding, Linear, Pass, PrefillWeights, Projections, WeightFile};
 use super::Config;
 use crate::engine::kv_cache::KvCache;
 use crate::error::{CandleContext, Result};
@@ -27,62 +27,22 @@ struct Mlp {
     down_proj: Linear,
 }
 
-/// Matmuls that read the same input: one stacked weight where the file
-/// stores them alike, else one matmul each.
-enum Projections {
-    Stacked { weight: Linear, outs: Vec<usize> },
-    Separate(Vec<Linear>),
-}
-
-impl Projections {
-    /// Read `{layer}.{name}` for each `(name, out)` of `parts`, all `(out, in)`.
-    fn new(
-        weights: &mut WeightFile,
-        layer: &str,
-        (parts, in_dim): (&[(&str, usize)], usize),
-        bias: bool,
-        prefill: PrefillWeights,
-        device: &Device,
-    ) -> Result<Self> {
-        let prefixes: Vec<String> = parts
-            .iter()
-            .map(|(name, _)| format!("{layer}.{name}"))
-            .collect();
-        let outs: Vec<usize> = parts.iter().map(|(_, out)| *out).collect();
-        if let Some(weight) =
-            weights.stacked_linear(&prefixes, (&outs, in_dim), bias, prefill, device)?
-        {
-            return Ok(Projections::Stacked { weight, outs });
-        }
-        let mut linears = Vec::with_capacity(parts.len());
-        for (prefix, out) in prefixes.iter().zip(&outs) {
-            linears.push(weights.linear(prefix, (*out, in_dim), bias, prefill, device)?);
-        }
-        Ok(Projections::Separate(linears))
-    }
-
-    /// Each projection of `x` `(1, seq, in)`, in the order they were read.
-    fn forward(&self, x: &Tensor, pass: Pass) -> candle_core::Result<Vec<Tensor>> {
-        match self {
-            Projections::Stacked { weight, outs } => {
-                let stacked = weight.forward(x, pass)?;
-                let mut start = 0;
-                // Each part is copied out whole: the elementwise ops that
-                // follow run several times faster on contiguous tensors.
-                outs.iter()
-                    .map(|&out| {
-                        let part = stacked.narrow(2, start, out)?.contiguous();
-                        start += out;
-                        part
-                    })
-                    .collect()
-            }
-            Projections::Separate(linears) => linears
-                .iter()
-                .map(|linear| linear.forward(x, pass))
-                .collect(),
-        }
-    }
+/// Read `{layer}.{name}` for each `(name, out)` of `parts`, all `(out, in)`
+/// matmuls of the same input.
+fn read_projections(
+    weights: &mut WeightFile,
+    layer: &str,
+    (parts, in_dim): (&[(&str, usize)], usize),
+    bias: bool,
+    prefill: PrefillWeights,
+    device: &Device,
+) -> Result<Projections> {
+    let prefixes: Vec<String> = parts
+        .iter()
+        .map(|(name, _)| format!("{layer}.{name}"))
+        .collect();
+    let outs: Vec<usize> = parts.iter().map(|(_, out)| *out).collect();
+    weights.projections(&prefixes, (&outs, in_dim), bias, prefill, device)
 }
 
 /// The `N` outputs of [`Projections::forward`] as an array.
@@ -143,7 +103,7 @@ impl Transformer {
                 ("self_attn.v_proj", kv_dim),
             ];
             let self_attn = Attention {
-                qkv: Projections::new(
+                qkv: read_projections(
                     weights,
                     &p,
                     (&qkv, hidden),
@@ -164,7 +124,7 @@ impl Transformer {
                 ("mlp.up_proj", c.intermediate_size),
             ];
             let mlp = Mlp {
-                gate_up: Projections::new(weights, &p, (&gate_up, hidden), false, prefill, device)?,
+                gate_up: read_projections(weights, &p, (&gate_up, hidden), false, prefill, device)?,
                 down_proj: weights.linear(
                     &format!("{p}.mlp.down_proj"),
                     (hidden, c.intermediate_size),

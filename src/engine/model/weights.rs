@@ -251,43 +251,88 @@ impl WeightFile {
     }
 
     /// The matmul weights `{prefix}.weight` of `(outs[i], in)` that read the
-    /// same input, stacked into one `(Σ outs, in)` weight whose output
-    /// columns are theirs one after another, or `None` where the file stores
-    /// them in different types (Q4_K_M files mix Q4_K and Q6_K). One stacked
-    /// matmul quantizes its input once and wakes the cores once, where the
-    /// separate ones would do both for each; each column's dot product is
-    /// the same.
-    pub(crate) fn stacked_linear(
+    /// same input (with `{prefix}.bias` when `bias`), each read once. They are
+    /// stacked into one `(Σ outs, in)` weight whose output columns are theirs
+    /// one after another, unless the file stores them in different types
+    /// (Q4_K_M files mix Q4_K and Q6_K). One stacked matmul quantizes its
+    /// input once and wakes the cores once, where separate ones would do
+    /// both for each; each column's dot product is the same.
+    pub(crate) fn projections(
         &mut self,
         prefixes: &[String],
         (outs, in_dim): (&[usize], usize),
         bias: bool,
         prefill: PrefillWeights,
         device: &Device,
-    ) -> Result<Option<Linear>> {
+    ) -> Result<Projections> {
         let mut parts = Vec::with_capacity(prefixes.len());
+        let mut biases = Vec::with_capacity(prefixes.len());
         for (prefix, &out_dim) in prefixes.iter().zip(outs) {
             parts.push(self.read(&format!("{prefix}.weight"), &[out_dim, in_dim], device)?);
+            if bias {
+                biases.push(self.dense(&format!("{prefix}.bias"), &[out_dim], device)?);
+            }
         }
         let rows: usize = outs.iter().sum();
         let name = format!("{} stacked", prefixes.join(", "));
-        let Some(stored) =
-            Stored::stack(&parts, (rows, in_dim), device).context(format!("stacking {name}"))?
-        else {
-            return Ok(None);
-        };
-        let bias = if bias {
-            let mut biases = Vec::with_capacity(prefixes.len());
-            for (prefix, &out_dim) in prefixes.iter().zip(outs) {
-                biases.push(self.dense(&format!("{prefix}.bias"), &[out_dim], device)?);
+        let stacked =
+            Stored::stack(&parts, (rows, in_dim), device).context(format!("stacking {name}"))?;
+        if let Some(stored) = stacked {
+            let bias = if bias {
+                let stacked = Tensor::cat(&biases, 0);
+                Some(stacked.context(format!("stacking the biases of {name}"))?)
+            } else {
+                None
+            };
+            let weight =
+                Linear::new(stored, bias, prefill, device).context(format!("preparing {name}"))?;
+            return Ok(Projections::Stacked {
+                weight,
+                outs: outs.to_vec(),
+            });
+        }
+        let mut biases = biases.into_iter();
+        let mut linears = Vec::with_capacity(parts.len());
+        for (stored, prefix) in parts.into_iter().zip(prefixes) {
+            // Empty unless `bias`, so a part without one gets `None`.
+            linears.push(
+                Linear::new(stored, biases.next(), prefill, device)
+                    .context(format!("preparing {prefix}.weight"))?,
+            );
+        }
+        Ok(Projections::Separate(linears))
+    }
+}
+
+/// Matmuls that read the same input: one stacked weight where the file
+/// stores them alike, else one matmul each.
+pub(crate) enum Projections {
+    Stacked { weight: Linear, outs: Vec<usize> },
+    Separate(Vec<Linear>),
+}
+
+impl Projections {
+    /// Each projection of `x` `(1, seq, in)`, in the order they were read.
+    pub(crate) fn forward(&self, x: &Tensor, pass: Pass) -> candle_core::Result<Vec<Tensor>> {
+        match self {
+            Projections::Stacked { weight, outs } => {
+                let stacked = weight.forward(x, pass)?;
+                let mut start = 0;
+                // Each part is copied out whole: the elementwise ops that
+                // follow run several times faster on contiguous tensors.
+                outs.iter()
+                    .map(|&out| {
+                        let part = stacked.narrow(2, start, out)?.contiguous();
+                        start += out;
+                        part
+                    })
+                    .collect()
             }
-            Some(Tensor::cat(&biases, 0).context(format!("stacking the biases of {name}"))?)
-        } else {
-            None
-        };
-        Linear::new(stored, bias, prefill, device)
-            .context(format!("preparing {name}"))
-            .map(Some)
+            Projections::Separate(linears) => linears
+                .iter()
+                .map(|linear| linear.forward(x, pass))
+                .collect(),
+        }
     }
 }
 
