@@ -6,11 +6,11 @@
 //! model code with small variations.
 
 mod attention;
-mod q4_1;
+mod interleaved;
 mod transformer;
 mod weights;
 
-/// Whether this CPU runs the vector kernels of [`attention`] and [`q4_1`]:
+/// Whether this CPU runs the vector kernels of [`attention`] and [`interleaved`]:
 /// x86-64 with AVX2, FMA and F16C (every AVX2 CPU has the last).
 fn has_avx2_fma_f16c() -> bool {
     #[cfg(target_arch = "x86_64")]

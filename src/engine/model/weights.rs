@@ -5,12 +5,12 @@
 //! Q4_0, Q8_0 and the K-quants but fall back to a slow generic loop for Q4_1,
 //! Q5_0 and Q5_1, which is what small models (576- or 896-wide rows, too narrow
 //! for K-quants) are stored in. So at load time:
-//! - Q4_1 weights stay as stored, for our own kernel ([`Q4_1Matmul`]); the
-//!   other slow types are re-quantized to Q8_0 for single-token steps (decode);
-//! - for prompt tokens (prefill) a dense f32 copy runs a GEMM, which beats every
-//!   quantized kernel, when [`PrefillWeights::Dense`] is chosen.
+//! - Q4_1 and Q8_0 weights are reordered for our own kernel
+//!   ([`InterleavedMatmul`]); the other slow types are re-quantized to Q8_0;
+//! - for prompt tokens (prefill) a dense f32 copy runs a GEMM when
+//!   [`PrefillWeights::Dense`] is chosen, for every weight candle multiplies.
 
-use super::q4_1::Q4_1Matmul;
+use super::interleaved::InterleavedMatmul;
 use crate::error::{CandleContext, Error, Result};
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Tensor};
@@ -24,7 +24,10 @@ use std::sync::Arc;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PrefillWeights {
-    /// An f32 copy of every matmul weight: fastest prefill, four bytes per parameter more memory.
+    /// An f32 copy of every matmul weight that candle multiplies: faster
+    /// prefill than its quantized kernels, four bytes per parameter more
+    /// memory. Weights our own kernel holds need no copy: it serves prompts
+    /// about as fast as the copy would.
     Dense,
     /// The stored (or re-quantized) weights, as decode uses them.
     Quantized,
@@ -48,7 +51,7 @@ pub enum Pass {
 enum DecodeWeight {
     /// candle's matmul: dense weights, and the quantized types it is fast for.
     Candle(QMatMul),
-    Q4_1(Q4_1Matmul),
+    Interleaved(InterleavedMatmul),
 }
 
 /// A matmul weight, with an optional dense copy for prompts, and an optional bias.
@@ -56,9 +59,6 @@ enum DecodeWeight {
 pub(crate) struct Linear {
     /// Used for decode steps, and for prompts too when `dense` is absent.
     weight: DecodeWeight,
-    /// The input width `weight` expects: wider than the layer's input when the
-    /// weight was padded for a faster kernel.
-    decode_in: usize,
     /// `(out, in)` in f32, used for prompt tokens.
     dense: Option<Tensor>,
     bias: Option<Tensor>,
@@ -70,15 +70,8 @@ impl Linear {
         let y = match (&self.dense, pass) {
             (Some(dense), Pass::Prompt) => dense_matmul(&x.squeeze(0)?, dense)?.unsqueeze(0)?,
             _ => match &self.weight {
-                DecodeWeight::Q4_1(weight) => weight.forward(x)?,
-                DecodeWeight::Candle(weight) => {
-                    let in_dim = x.dim(2)?;
-                    if in_dim < self.decode_in {
-                        weight.forward(&x.pad_with_zeros(2, 0, self.decode_in - in_dim)?)?
-                    } else {
-                        weight.forward(x)?
-                    }
-                }
+                DecodeWeight::Interleaved(weight) => weight.forward(x)?,
+                DecodeWeight::Candle(weight) => weight.forward(x)?,
             },
         };
         match &self.bias {
@@ -215,6 +208,9 @@ impl WeightFile {
     ) -> Result<Embedding> {
         match self.read(name, &[vocab, hidden], device)? {
             Stored::Quantized(table) if device.is_cpu() && table.dtype().block_size() > 1 => {
+                if let Some(interleaved) = InterleavedMatmul::new(&table) {
+                    return Ok(Embedding::Interleaved(interleaved));
+                }
                 let row_bytes = hidden / table.dtype().block_size() * table.dtype().type_size();
                 Ok(Embedding::Quantized {
                     table,
@@ -338,30 +334,28 @@ impl Projections {
 
 impl Linear {
     /// The matmul of a weight as the file stores it, with its dense copy
-    /// for prompts when `prefill` asks for one.
+    /// for prompts when `prefill` asks for one and candle multiplies it.
     fn new(
         stored: Stored,
         bias: Option<Tensor>,
         prefill: PrefillWeights,
         device: &Device,
     ) -> candle_core::Result<Linear> {
-        let (weight, dense, decode_in) = match stored {
-            Stored::Dense(tensor) => {
-                let in_dim = tensor.dim(1)?;
-                (DecodeWeight::Candle(QMatMul::Tensor(tensor)), None, in_dim)
-            }
+        let (weight, dense) = match stored {
+            Stored::Dense(tensor) => (DecodeWeight::Candle(QMatMul::Tensor(tensor)), None),
             Stored::Quantized(tensor) => {
                 let dense = match prefill {
                     PrefillWeights::Dense if device.is_cpu() => Some(tensor.dequantize(device)?),
                     _ => None,
                 };
-                let (weight, decode_in) = decode_weight(tensor, device)?;
-                (weight, dense, decode_in)
+                match decode_weight(tensor, device)? {
+                    weight @ DecodeWeight::Interleaved(_) => (weight, None),
+                    weight => (weight, dense),
+                }
             }
         };
         Ok(Linear {
             weight,
-            decode_in,
             dense,
             bias,
         })
@@ -374,6 +368,9 @@ impl Linear {
 /// file is 1.1 GB).
 pub(crate) enum Embedding {
     Dense(Tensor),
+    /// A table in a format our kernel reads, so that a tied output head
+    /// multiplies with the very bytes the lookups read.
+    Interleaved(InterleavedMatmul),
     Quantized {
         table: Arc<QTensor>,
         /// Bytes of one row: whole blocks, since GGUF rows hold whole blocks.
@@ -387,16 +384,13 @@ impl Embedding {
     /// matmul over this very table, quantized as it is stored, with no
     /// dense copy for prompts.
     pub(crate) fn as_output_head(&self, device: &Device) -> candle_core::Result<Linear> {
-        let (weight, decode_in) = match self {
-            Embedding::Dense(table) => (
-                DecodeWeight::Candle(QMatMul::Tensor(table.clone())),
-                table.dim(1)?,
-            ),
+        let weight = match self {
+            Embedding::Dense(table) => DecodeWeight::Candle(QMatMul::Tensor(table.clone())),
+            Embedding::Interleaved(table) => DecodeWeight::Interleaved(table.clone()),
             Embedding::Quantized { table, .. } => decode_weight(table.clone(), device)?,
         };
         Ok(Linear {
             weight,
-            decode_in,
             dense: None,
             bias: None,
         })
@@ -406,6 +400,17 @@ impl Embedding {
     pub(crate) fn rows(&self, tokens: &[u32], device: &Device) -> candle_core::Result<Tensor> {
         match self {
             Embedding::Dense(table) => table.index_select(&Tensor::new(tokens, device)?, 0),
+            Embedding::Interleaved(table) => {
+                let mut rows = Vec::new();
+                for &token in tokens {
+                    rows.extend(table.row(token as usize).ok_or_else(|| {
+                        candle_core::Error::Msg(format!(
+                            "token id {token} is outside the embedding table"
+                        ))
+                    })?);
+                }
+                Tensor::from_vec(rows, (tokens.len(), table.width()), device)
+            }
             Embedding::Quantized {
                 table,
                 row_bytes,
@@ -429,59 +434,26 @@ impl Embedding {
     }
 }
 
-/// The quantized weight that single-token steps multiply with: as stored when
-/// candle or [`Q4_1Matmul`] has a fast CPU kernel for its type, else
-/// re-quantized to Q8_0.
-///
-/// On CPUs with AVX512-VNNI, candle multiplies Q8_0 weights with a repacked
-/// kernel about twice as fast as its AVX2 one, but only when the input width is
-/// a multiple of 256. Re-quantized weights are then padded with zero columns up
-/// to that width (the caller pads its input to match); the zeros add nothing to
-/// the sums. Returns the weight and the input width it expects.
-fn decode_weight(
-    tensor: Arc<QTensor>,
-    device: &Device,
-) -> candle_core::Result<(DecodeWeight, usize)> {
-    let in_dim = tensor.shape().dims()[1];
-    if let Some(matmul) = Q4_1Matmul::new(Arc::clone(&tensor)) {
-        return Ok((DecodeWeight::Q4_1(matmul), in_dim));
+/// The quantized weight that single-token steps multiply with: reordered for
+/// [`InterleavedMatmul`] when it reads the type, as stored when candle has a
+/// fast CPU kernel for it, else re-quantized to Q8_0 (which re-quantizes to
+/// itself, so the kernel's copy costs no precision where it is Q8_0 already).
+fn decode_weight(tensor: Arc<QTensor>, device: &Device) -> candle_core::Result<DecodeWeight> {
+    if let Some(matmul) = InterleavedMatmul::new(&tensor) {
+        return Ok(DecodeWeight::Interleaved(matmul));
     }
     let slow_on_cpu = matches!(
         tensor.dtype(),
         GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1 | GgmlDType::Q8_1
     );
-    let repackable = has_fast_q8_0_kernel();
-    // Q8_0 re-quantizes to itself, so widening one costs no precision.
-    let narrow_q8_0 = tensor.dtype() == GgmlDType::Q8_0 && !in_dim.is_multiple_of(REPACKED_WIDTH);
-    if !device.is_cpu() || !(slow_on_cpu || (repackable && narrow_q8_0)) {
-        return Ok((DecodeWeight::Candle(QMatMul::from_arc(tensor)?), in_dim));
+    if !device.is_cpu() || !slow_on_cpu {
+        return Ok(DecodeWeight::Candle(QMatMul::from_arc(tensor)?));
     }
-    let mut dense = tensor.dequantize(device)?;
-    let padded_in = if repackable {
-        in_dim.next_multiple_of(REPACKED_WIDTH)
-    } else {
-        in_dim
-    };
-    if padded_in > in_dim {
-        dense = dense.pad_with_zeros(1, 0, padded_in - in_dim)?;
-    }
-    let weight = QMatMul::from_qtensor(QTensor::quantize(&dense, GgmlDType::Q8_0)?)?;
-    Ok((DecodeWeight::Candle(weight), padded_in))
-}
-
-/// The input widths candle's repacked x86 Q8_0 kernel accepts are multiples of this.
-const REPACKED_WIDTH: usize = 256;
-
-fn has_fast_q8_0_kernel() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512vnni")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    let requantized = QTensor::quantize(&tensor.dequantize(device)?, GgmlDType::Q8_0)?;
+    Ok(match InterleavedMatmul::new(&requantized) {
+        Some(matmul) => DecodeWeight::Interleaved(matmul),
+        None => DecodeWeight::Candle(QMatMul::from_qtensor(requantized)?),
+    })
 }
 
 enum Stored {
@@ -575,27 +547,31 @@ mod tests {
     #[test]
     fn a_quantized_embedding_gives_the_rows_of_the_dequantized_table() {
         let device = Device::Cpu;
-        let values: Vec<f32> = (0..6 * 64)
+        let values: Vec<f32> = (0..8 * 64)
             .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
             .collect();
-        let table = Tensor::from_vec(values, (6, 64), &device).unwrap();
+        let table = Tensor::from_vec(values, (8, 64), &device).unwrap();
         let quantized = Arc::new(QTensor::quantize(&table, GgmlDType::Q8_0).unwrap());
         let dense = quantized.dequantize(&device).unwrap();
-        let embedding = Embedding::Quantized {
+        let mut embeddings = vec![Embedding::Quantized {
             row_bytes: 64 / 32 * GgmlDType::Q8_0.type_size(),
-            table: quantized,
+            table: quantized.clone(),
             hidden: 64,
-        };
-        let tokens = [5, 0, 5, 2];
-        let rows = embedding.rows(&tokens, &device).unwrap();
+        }];
+        // Where this CPU runs our kernel, the table it reorders too.
+        embeddings.extend(InterleavedMatmul::new(&quantized).map(Embedding::Interleaved));
+        let tokens = [5, 0, 7, 2];
         let expected = dense
             .index_select(&Tensor::new(&tokens, &device).unwrap(), 0)
             .unwrap();
-        assert_eq!(
-            rows.to_vec2::<f32>().unwrap(),
-            expected.to_vec2::<f32>().unwrap()
-        );
-        assert!(embedding.rows(&[6], &device).is_err(), "past the table");
+        for embedding in embeddings {
+            let rows = embedding.rows(&tokens, &device).unwrap();
+            assert_eq!(
+                rows.to_vec2::<f32>().unwrap(),
+                expected.to_vec2::<f32>().unwrap()
+            );
+            assert!(embedding.rows(&[8], &device).is_err(), "past the table");
+        }
     }
 
     #[test]

@@ -1,0 +1,725 @@
+//! Matmuls with Q4_1 and Q8_0 weights on the CPU, from the file's bytes
+//! reordered once at load.
+//!
+//! Small models are stored in Q4_1 (SmolLM2's 576-wide rows are too narrow
+//! for K-quants), for which candle has only a slow generic CPU loop, and their
+//! embedding tables in Q8_0, whose 576-wide rows candle's fast kernel does not
+//! take. As llama.cpp does, each input row is quantized to 8 bits in blocks of
+//! 32 and multiplied with the weights in integer arithmetic.
+//!
+//! The blocks of every eight weight rows are interleaved, four bytes of each
+//! row in turn, so that one 8-lane register holds four values of each of
+//! eight rows. A block's dot products with one input row then accumulate
+//! exactly, lane by lane, and are scaled to floats once for eight rows, where
+//! a row-by-row layout needs a float conversion, a scaling and a horizontal
+//! sum per row. The same kernel serves prompts and decode steps, and one
+//! input row's results do not depend on the rows multiplied beside it. The
+//! reordered copy replaces the file's bytes; it is the same size.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{DType, Device, Result, Tensor};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Values per block, in weights and inputs alike.
+const BLOCK: usize = 32;
+/// Weight rows whose blocks are interleaved.
+const GROUP: usize = 8;
+/// Input rows multiplied with one unpacked group block.
+const TILE: usize = 4;
+
+/// A block format the kernel reads.
+///
+/// A stored block is one or two f16 fields, then its values. In a group
+/// block, each field comes first for the eight rows in turn (16 bytes), then
+/// runs of 32 bytes, the `k`-th holding bytes `4k..4k+4` of every row's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    /// A scale `d` and a minimum `m`, then 16 bytes whose low nibbles are
+    /// values 0-15 and high nibbles values 16-31: value = `d·w + m`.
+    Q4_1,
+    /// A scale `d`, then 32 signed bytes: value = `d·w`.
+    Q8_0,
+}
+
+impl Format {
+    fn of(dtype: GgmlDType) -> Option<Format> {
+        match dtype {
+            GgmlDType::Q4_1 => Some(Format::Q4_1),
+            GgmlDType::Q8_0 => Some(Format::Q8_0),
+            _ => None,
+        }
+    }
+
+    /// The f16 fields and the bytes of values of one stored block.
+    const fn layout(self) -> (usize, usize) {
+        match self {
+            Format::Q4_1 => (2, 16),
+            Format::Q8_0 => (1, 32),
+        }
+    }
+
+    const fn block_bytes(self) -> usize {
+        let (fields, values) = self.layout();
+        2 * fields + values
+    }
+}
+
+/// The instructions a kernel is built with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Instructions {
+    /// AVX2 with FMA and F16C: bytes multiply into 16-bit pair sums, then widen.
+    Avx2,
+    /// AVX-512 VNNI on 256-bit registers: bytes multiply and sum in one step.
+    Avx512Vnni,
+}
+
+impl Instructions {
+    fn of_this_cpu() -> Option<Instructions> {
+        if !super::has_avx2_fma_f16c() {
+            return None;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+            return Some(Instructions::Avx512Vnni);
+        }
+        Some(Instructions::Avx2)
+    }
+}
+
+/// A Q4_1 or Q8_0 weight `(rows, width)` on the CPU, its rows interleaved in groups.
+#[derive(Debug, Clone)]
+pub(crate) struct InterleavedMatmul {
+    /// Group after group of [`GROUP`] rows, each group block after block.
+    interleaved: Arc<[u8]>,
+    format: Format,
+    rows: usize,
+    width: usize,
+    instructions: Instructions,
+}
+
+impl InterleavedMatmul {
+    /// `None` unless `weight` is a CPU Q4_1 or Q8_0 matrix whose rows come
+    /// in whole groups and this CPU has the AVX2, FMA and F16C the kernel needs.
+    pub(crate) fn new(weight: &QTensor) -> Option<Self> {
+        let &[rows, width] = weight.shape().dims() else {
+            return None;
+        };
+        let format = Format::of(weight.dtype())?;
+        let fits =
+            weight.device().is_cpu() && width.is_multiple_of(BLOCK) && rows.is_multiple_of(GROUP);
+        let instructions = Instructions::of_this_cpu().filter(|_| fits)?;
+        let stored = weight.data().ok()?;
+        Some(InterleavedMatmul {
+            interleaved: interleave(&stored, width / BLOCK, format).into(),
+            format,
+            rows,
+            width,
+            instructions,
+        })
+    }
+
+    /// The same matmul computed with the AVX2 kernel, to test it against.
+    #[cfg(test)]
+    fn with_avx2(&self) -> Self {
+        InterleavedMatmul {
+            instructions: Instructions::Avx2,
+            ..self.clone()
+        }
+    }
+
+    /// The input width: the weight's columns.
+    pub(crate) fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Row `row` of the weight, as f32 values: what an embedding lookup reads.
+    pub(crate) fn row(&self, row: usize) -> Option<Vec<f32>> {
+        if row >= self.rows {
+            return None;
+        }
+        let blocks = self.width / BLOCK;
+        let group_bytes = blocks * GROUP * self.format.block_bytes();
+        let group = &self.interleaved[row / GROUP * group_bytes..][..group_bytes];
+        let r = row % GROUP;
+        let f16_at = |bytes: &[u8], at: usize| half::f16::from_le_bytes([bytes[at], bytes[at + 1]]);
+        let mut values = Vec::with_capacity(self.width);
+        for block in group.chunks_exact(GROUP * self.format.block_bytes()) {
+            let d = f16_at(block, 2 * r).to_f32();
+            match self.format {
+                Format::Q4_1 => {
+                    let m = f16_at(block, 16 + 2 * r).to_f32();
+                    let bytes: Vec<u8> = (0..16)
+                        .map(|j| block[32 + 32 * (j / 4) + 4 * r + j % 4])
+                        .collect();
+                    values.extend(bytes.iter().map(|b| d * f32::from(b & 0x0F) + m));
+                    values.extend(bytes.iter().map(|b| d * f32::from(b >> 4) + m));
+                }
+                Format::Q8_0 => values.extend(
+                    (0..32).map(|j| d * f32::from(block[16 + 32 * (j / 4) + 4 * r + j % 4] as i8)),
+                ),
+            }
+        }
+        Some(values)
+    }
+
+    /// `x` `(1, seq, width)` times the weight's transpose: `(1, seq, rows)`.
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (_, seq, width) = x.dims3()?;
+        if width != self.width {
+            candle_core::bail!(
+                "a {:?} matmul {width} wide for a weight {} wide",
+                self.format,
+                self.width
+            );
+        }
+        let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let blocks = width / BLOCK;
+        let mut inputs = vec![InputBlock::default(); seq * blocks];
+        for (row, quantized) in values
+            .chunks_exact(width)
+            .zip(inputs.chunks_exact_mut(blocks))
+        {
+            self.quantize(row, quantized);
+        }
+        let inputs: Vec<&[InputBlock]> = inputs.chunks_exact(blocks).collect();
+        let groups = self.rows / GROUP;
+        let group_bytes = blocks * GROUP * self.format.block_bytes();
+        // Groups are split among the cores in runs; a group's results are
+        // `(seq, GROUP)`, and each run writes through its own lock.
+        let run = groups.div_ceil(32);
+        let mut by_group = vec![0f32; self.rows * seq];
+        let runs: Vec<Mutex<&mut [f32]>> = by_group
+            .chunks_mut(run * seq * GROUP)
+            .map(Mutex::new)
+            .collect();
+        candle_core::utils::barrier_pool().execute_chunked(runs.len(), |indices| {
+            for index in indices {
+                // Each run has one writer, so its lock is never contended
+                // and can only be poisoned by a panic candle re-raises.
+                let mut out = runs[index].lock().unwrap_or_else(PoisonError::into_inner);
+                let first = index * run;
+                for (offset, out) in out.chunks_exact_mut(seq * GROUP).enumerate() {
+                    let at = (first + offset) * group_bytes;
+                    let group = &self.interleaved[at..at + group_bytes];
+                    for (tile, out) in inputs.chunks(TILE).zip(out.chunks_mut(TILE * GROUP)) {
+                        self.dot_group(group, tile, out);
+                    }
+                }
+            }
+        });
+        drop(runs);
+        let out = if seq == 1 {
+            by_group
+        } else {
+            let mut by_input_row = vec![0f32; seq * self.rows];
+            for (g, group) in by_group.chunks_exact(seq * GROUP).enumerate() {
+                for (n, values) in group.chunks_exact(GROUP).enumerate() {
+                    let at = n * self.rows + g * GROUP;
+                    by_input_row[at..at + GROUP].copy_from_slice(values);
+                }
+            }
+            by_input_row
+        };
+        Tensor::from_vec(out, (1, seq, self.rows), &Device::Cpu)
+    }
+
+    /// [`quantize`], in vector instructions where the kernels run.
+    fn quantize(&self, row: &[f32], blocks: &mut [InputBlock]) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `new` checked this CPU for AVX2, FMA and F16C.
+        unsafe {
+            kernel::quantize(row, blocks)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        quantize(row, blocks)
+    }
+
+    /// `out[n * GROUP + r]` = row `r` of `group` times `inputs[n]`.
+    fn dot_group(&self, group: &[u8], inputs: &[&[InputBlock]], out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `new` checked this CPU for each kernel's features.
+        unsafe {
+            use kernel::{avx2, vnni};
+            match (self.format, self.instructions) {
+                (Format::Q4_1, Instructions::Avx512Vnni) => vnni::q4_1(group, inputs, out),
+                (Format::Q4_1, Instructions::Avx2) => avx2::q4_1(group, inputs, out),
+                (Format::Q8_0, Instructions::Avx512Vnni) => vnni::q8_0(group, inputs, out),
+                (Format::Q8_0, Instructions::Avx2) => avx2::q8_0(group, inputs, out),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (group, inputs, out);
+            unreachable!("InterleavedMatmul::new admits only x86-64 CPUs")
+        }
+    }
+}
+
+/// The stored rows of a matrix in `format`, `blocks` blocks each, with every
+/// [`GROUP`] rows interleaved block by block as [`Format`] describes.
+fn interleave(stored: &[u8], blocks: usize, format: Format) -> Vec<u8> {
+    let (fields, value_bytes) = format.layout();
+    let block_bytes = format.block_bytes();
+    let row_bytes = blocks * block_bytes;
+    let mut interleaved = vec![0u8; stored.len()];
+    let group_blocks = interleaved.chunks_exact_mut(GROUP * block_bytes);
+    for (index, out) in group_blocks.enumerate() {
+        let (group, block) = (index / blocks, index % blocks);
+        for r in 0..GROUP {
+            let at = (group * GROUP + r) * row_bytes + block * block_bytes;
+            let stored = &stored[at..at + block_bytes];
+            for field in 0..fields {
+                let to = 16 * field + 2 * r;
+                out[to..to + 2].copy_from_slice(&stored[2 * field..2 * field + 2]);
+            }
+            for k in 0..value_bytes / 4 {
+                let (from, to) = (2 * fields + 4 * k, 16 * fields + 32 * k + 4 * r);
+                out[to..to + 4].copy_from_slice(&stored[from..from + 4]);
+            }
+        }
+    }
+    interleaved
+}
+
+/// One block of an input row in 8 bits: value `i` is about
+/// `scale * quants[i]`, and `sum` is `scale` times the sum of the quants.
+#[derive(Debug, Clone, Copy, Default)]
+struct InputBlock {
+    scale: f32,
+    sum: f32,
+    quants: [i8; BLOCK],
+}
+
+/// Quantize `row` to blocks, each scaled so that its largest magnitude is
+/// 127, rounding halves to even.
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+fn quantize(row: &[f32], blocks: &mut [InputBlock]) {
+    for (values, block) in row.chunks_exact(BLOCK).zip(blocks) {
+        let largest = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let scale = largest / 127.0;
+        let inverse = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let mut total = 0i32;
+        for (quant, value) in block.quants.iter_mut().zip(values) {
+            *quant = (value * inverse).round_ties_even() as i8;
+            total += i32::from(*quant);
+        }
+        block.scale = scale;
+        block.sum = scale * total as f32;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod kernel {
+    use super::{Format, InputBlock, GROUP, TILE};
+    use std::arch::x86_64::*;
+
+    /// `acc` plus, in each 32-bit lane, the four products of `weights`'
+    /// unsigned bytes with `inputs`' signed ones; weights are at most 127.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn dot_bytes_avx2(acc: __m256i, weights: __m256i, inputs: __m256i) -> __m256i {
+        // The 16-bit pair sums cannot saturate: 2 · 127 · 127 < 2^15.
+        let pairs = _mm256_maddubs_epi16(weights, inputs);
+        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512vnni,avx512vl")]
+    fn dot_bytes_vnni(acc: __m256i, weights: __m256i, inputs: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, weights, inputs)
+    }
+
+    /// Values `4k..4k+4` of an input block, in every lane.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn four(quants: &[i8; 32], k: usize) -> __m256i {
+        let bytes = [
+            quants[4 * k],
+            quants[4 * k + 1],
+            quants[4 * k + 2],
+            quants[4 * k + 3],
+        ];
+        _mm256_set1_epi32(i32::from_le_bytes(bytes.map(|q| q as u8)))
+    }
+
+    /// [`super::quantize`] with AVX2, to the same bits.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn quantize(row: &[f32], blocks: &mut [InputBlock]) {
+        let magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+        for (values, block) in row.chunks_exact(32).zip(blocks) {
+            // SAFETY: `values` holds 32 floats.
+            let v: [__m256; 4] =
+                std::array::from_fn(|i| unsafe { _mm256_loadu_ps(values[8 * i..].as_ptr()) });
+            let largest = _mm256_max_ps(
+                _mm256_max_ps(
+                    _mm256_and_ps(v[0], magnitude),
+                    _mm256_and_ps(v[1], magnitude),
+                ),
+                _mm256_max_ps(
+                    _mm256_and_ps(v[2], magnitude),
+                    _mm256_and_ps(v[3], magnitude),
+                ),
+            );
+            let mut lanes = [0f32; 8];
+            // SAFETY: `lanes` holds eight floats.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), largest) };
+            let scale = lanes.iter().fold(0f32, |m, v| m.max(*v)) / 127.0;
+            let inverse = _mm256_set1_ps(if scale > 0.0 { 1.0 / scale } else { 0.0 });
+            let q: [__m256i; 4] = std::array::from_fn(|i| {
+                let scaled = _mm256_mul_ps(v[i], inverse);
+                _mm256_cvtps_epi32(_mm256_round_ps::<
+                    { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+                >(scaled))
+            });
+            let total =
+                _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            let mut totals = [0i32; 8];
+            // SAFETY: `totals` holds eight integers.
+            unsafe { _mm256_storeu_si256(totals.as_mut_ptr().cast(), total) };
+            // Packing works within 128-bit halves; the permutation puts the
+            // four groups of each half back in order.
+            let packed = _mm256_packs_epi16(
+                _mm256_packs_epi32(q[0], q[1]),
+                _mm256_packs_epi32(q[2], q[3]),
+            );
+            let ordered =
+                _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            // SAFETY: `quants` holds 32 bytes.
+            unsafe { _mm256_storeu_si256(block.quants.as_mut_ptr().cast(), ordered) };
+            block.scale = scale;
+            block.sum = scale * totals.iter().sum::<i32>() as f32;
+        }
+    }
+
+    /// Eight f16 at `at`, widened.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn eight_f16(at: *const u8) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(at.cast()))
+    }
+
+    /// Stores each input row's eight sums in `out`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn store<const N: usize>(sums: [__m256; N], out: &mut [f32]) {
+        for (sums, out) in sums.iter().zip(out.chunks_exact_mut(GROUP)) {
+            // SAFETY: `out` holds the eight floats written.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), *sums) };
+        }
+    }
+
+    /// The kernels for each format, built once for each way of multiplying
+    /// bytes. Each computes `out[n * GROUP + r]` = row `r` of the group
+    /// times `inputs[n]`, for up to [`TILE`] input rows; its `tile::<N>`
+    /// takes exactly `N` rows, so that every row's sums stay in registers.
+    /// The integer sums of a block are exact and each lane's floats add
+    /// block after block, so a result does not depend on the tile's other rows.
+    macro_rules! kernels {
+        ($features:literal, $dot_bytes:ident) => {
+            use super::*;
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn q4_1(group: &[u8], inputs: &[&[InputBlock]], out: &mut [f32]) {
+                match inputs.len() {
+                    1 => q4_1_tile::<1>(group, inputs, out),
+                    2 => q4_1_tile::<2>(group, inputs, out),
+                    3 => q4_1_tile::<3>(group, inputs, out),
+                    _ => q4_1_tile::<TILE>(group, inputs, out),
+                }
+            }
+
+            /// Row `r` of a block contributes `d·s·Σ wᵢqᵢ + m·sum`, where
+            /// `wᵢ` are its 4-bit values, `d` and `m` its scale and minimum,
+            /// and `qᵢ`, `s` and `sum` the input block's.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn q4_1_tile<const N: usize>(
+                group: &[u8],
+                inputs: &[&[InputBlock]],
+                out: &mut [f32],
+            ) {
+                let inputs: &[&[InputBlock]; N] = inputs.try_into().expect("N input rows");
+                let nibbles = _mm256_set1_epi8(0x0F);
+                let mut sums = [_mm256_setzero_ps(); N];
+                for (b, block) in group
+                    .chunks_exact(GROUP * Format::Q4_1.block_bytes())
+                    .enumerate()
+                {
+                    let at = block.as_ptr();
+                    let (scales, minimums) = (eight_f16(at), eight_f16(at.add(16)));
+                    let mut low = [_mm256_setzero_si256(); 4];
+                    let mut high = [_mm256_setzero_si256(); 4];
+                    for k in 0..4 {
+                        let packed = _mm256_loadu_si256(at.add(32 + 32 * k).cast());
+                        low[k] = _mm256_and_si256(packed, nibbles);
+                        high[k] = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), nibbles);
+                    }
+                    for n in 0..N {
+                        let input = &inputs[n][b];
+                        // Two chains, for the low and high halves, halve the
+                        // wait on each multiply-add's result.
+                        let mut first = _mm256_setzero_si256();
+                        let mut second = _mm256_setzero_si256();
+                        for k in 0..4 {
+                            first = $dot_bytes(first, low[k], four(&input.quants, k));
+                            second = $dot_bytes(second, high[k], four(&input.quants, 4 + k));
+                        }
+                        let dots = _mm256_cvtepi32_ps(_mm256_add_epi32(first, second));
+                        let scale = _mm256_mul_ps(scales, _mm256_set1_ps(input.scale));
+                        sums[n] = _mm256_fmadd_ps(dots, scale, sums[n]);
+                        sums[n] = _mm256_fmadd_ps(minimums, _mm256_set1_ps(input.sum), sums[n]);
+                    }
+                }
+                store(sums, out);
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn q8_0(group: &[u8], inputs: &[&[InputBlock]], out: &mut [f32]) {
+                match inputs.len() {
+                    1 => q8_0_tile::<1>(group, inputs, out),
+                    2 => q8_0_tile::<2>(group, inputs, out),
+                    3 => q8_0_tile::<3>(group, inputs, out),
+                    _ => q8_0_tile::<TILE>(group, inputs, out),
+                }
+            }
+
+            /// Row `r` of a block contributes `d·s·Σ wᵢqᵢ`. The byte
+            /// multiply takes an unsigned operand, so it multiplies `|wᵢ|`
+            /// with `qᵢ` carrying `wᵢ`'s sign.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn q8_0_tile<const N: usize>(
+                group: &[u8],
+                inputs: &[&[InputBlock]],
+                out: &mut [f32],
+            ) {
+                let inputs: &[&[InputBlock]; N] = inputs.try_into().expect("N input rows");
+                let mut sums = [_mm256_setzero_ps(); N];
+                for (b, block) in group
+                    .chunks_exact(GROUP * Format::Q8_0.block_bytes())
+                    .enumerate()
+                {
+                    let at = block.as_ptr();
+                    let scales = eight_f16(at);
+                    let mut signed = [_mm256_setzero_si256(); 8];
+                    let mut magnitudes = [_mm256_setzero_si256(); 8];
+                    for k in 0..8 {
+                        signed[k] = _mm256_loadu_si256(at.add(16 + 32 * k).cast());
+                        magnitudes[k] = _mm256_sign_epi8(signed[k], signed[k]);
+                    }
+                    for n in 0..N {
+                        let input = &inputs[n][b];
+                        let mut first = _mm256_setzero_si256();
+                        let mut second = _mm256_setzero_si256();
+                        for k in 0..4 {
+                            let quants = _mm256_sign_epi8(four(&input.quants, k), signed[k]);
+                            first = $dot_bytes(first, magnitudes[k], quants);
+                            let quants =
+                                _mm256_sign_epi8(four(&input.quants, 4 + k), signed[4 + k]);
+                            second = $dot_bytes(second, magnitudes[4 + k], quants);
+                        }
+                        let dots = _mm256_cvtepi32_ps(_mm256_add_epi32(first, second));
+                        let scale = _mm256_mul_ps(scales, _mm256_set1_ps(input.scale));
+                        sums[n] = _mm256_fmadd_ps(dots, scale, sums[n]);
+                    }
+                }
+                store(sums, out);
+            }
+        };
+    }
+
+    pub(super) mod avx2 {
+        kernels!("avx2,fma,f16c", dot_bytes_avx2);
+    }
+
+    pub(super) mod vnni {
+        kernels!("avx2,fma,f16c,avx512vnni,avx512vl", dot_bytes_vnni);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `(rows, width)` weight quantized to `dtype` from smooth values.
+    fn weight(rows: usize, width: usize, dtype: GgmlDType) -> QTensor {
+        let values: Vec<f32> = (0..rows * width)
+            .map(|i| ((i * 37 % 101) as f32 / 50.0 - 1.0) * (1.0 + (i % 7) as f32))
+            .collect();
+        let dense = Tensor::from_vec(values, (rows, width), &Device::Cpu).unwrap();
+        QTensor::quantize(&dense, dtype).unwrap()
+    }
+
+    fn inputs(seq: usize, width: usize) -> Tensor {
+        let values: Vec<f32> = (0..seq * width)
+            .map(|i| (i as f32 * 0.61).sin() * 3.0)
+            .collect();
+        Tensor::from_vec(values, (1, seq, width), &Device::Cpu).unwrap()
+    }
+
+    fn values(t: &Tensor) -> Vec<f32> {
+        t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    }
+
+    fn f16_at(bytes: &[u8], at: usize) -> f64 {
+        half::f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f64()
+    }
+
+    /// What the kernel computes, in plain integer and float arithmetic on
+    /// the stored (not interleaved) blocks.
+    fn reference(weight: &QTensor, x: &Tensor) -> Vec<f32> {
+        let (rows, width) = weight.shape().dims2().unwrap();
+        let format = Format::of(weight.dtype()).unwrap();
+        let data = weight.data().unwrap();
+        let blocks = width / BLOCK;
+        let mut out = Vec::new();
+        for row in values(x).chunks_exact(width) {
+            let mut quantized = vec![InputBlock::default(); blocks];
+            quantize(row, &mut quantized);
+            for w in data.chunks_exact(blocks * format.block_bytes()).take(rows) {
+                let mut sum = 0f64;
+                for (block, input) in w.chunks_exact(format.block_bytes()).zip(&quantized) {
+                    let q = |j: usize| i32::from(input.quants[j]);
+                    let (dot, minimum): (i32, f64) = match format {
+                        Format::Q4_1 => (
+                            (0..16)
+                                .map(|j| {
+                                    let byte = block[4 + j];
+                                    i32::from(byte & 0x0F) * q(j) + i32::from(byte >> 4) * q(j + 16)
+                                })
+                                .sum(),
+                            f16_at(block, 2),
+                        ),
+                        Format::Q8_0 => (
+                            (0..32).map(|j| i32::from(block[2 + j] as i8) * q(j)).sum(),
+                            0.0,
+                        ),
+                    };
+                    sum += f16_at(block, 0) * f64::from(input.scale) * f64::from(dot)
+                        + minimum * f64::from(input.sum);
+                }
+                out.push(sum as f32);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_kernels_compute_the_integer_dot_products_of_the_stored_blocks() {
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+            let stored = weight(24, 96, dtype);
+            let Some(matmul) = InterleavedMatmul::new(&stored) else {
+                return; // a CPU without AVX2 never builds this matmul
+            };
+            // 1, a whole tile, and a tile and a part.
+            for seq in [1, 4, 6] {
+                let x = inputs(seq, 96);
+                let expected = reference(&stored, &x);
+                for matmul in [matmul.clone(), matmul.with_avx2()] {
+                    let out = matmul.forward(&x).unwrap();
+                    assert_eq!(out.dims(), &[1, seq, 24]);
+                    for (i, (got, want)) in values(&out).iter().zip(&expected).enumerate() {
+                        assert!(
+                            (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+                            "{dtype:?} {:?}, {i}: {got} against {want}",
+                            matmul.instructions
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn vector_quantization_gives_the_bits_of_the_portable_one() {
+        let Some(matmul) = InterleavedMatmul::new(&weight(8, 128, GgmlDType::Q4_1)) else {
+            return;
+        };
+        let mut row = values(&inputs(1, 128));
+        row[40] = 0.0;
+        row[64..96].fill(0.0); // a block of zeros has no scale
+                               // A block whose scale is 1, with values halfway between two quants.
+        row[96..99].copy_from_slice(&[127.0, 2.5, -3.5]);
+        row[99..128].fill(0.25);
+        let (mut portable, mut vector) = (
+            vec![InputBlock::default(); 4],
+            vec![InputBlock::default(); 4],
+        );
+        quantize(&row, &mut portable);
+        matmul.quantize(&row, &mut vector);
+        assert_eq!(portable[3].quants[..3], [127, 2, -4]);
+        for (p, v) in portable.iter().zip(&vector) {
+            assert_eq!(p.quants, v.quants);
+            assert_eq!(p.scale.to_bits(), v.scale.to_bits());
+            assert_eq!(p.sum.to_bits(), v.sum.to_bits());
+        }
+    }
+
+    #[test]
+    fn a_row_comes_out_the_same_alone_and_among_others() {
+        let stored = weight(16, 64, GgmlDType::Q4_1);
+        let Some(matmul) = InterleavedMatmul::new(&stored) else {
+            return;
+        };
+        let x = inputs(7, 64);
+        let together = values(&matmul.forward(&x).unwrap());
+        for n in 0..7 {
+            let alone = values(&matmul.forward(&x.narrow(1, n, 1).unwrap()).unwrap());
+            assert_eq!(alone, together[n * 16..(n + 1) * 16]);
+        }
+    }
+
+    #[test]
+    fn it_multiplies_by_the_dequantized_weight_up_to_the_inputs_rounding() {
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+            let stored = weight(40, 128, dtype);
+            let Some(matmul) = InterleavedMatmul::new(&stored) else {
+                return;
+            };
+            let x = inputs(3, 128);
+            let out = matmul.forward(&x).unwrap().flatten_all().unwrap();
+            let dense = stored.dequantize(&Device::Cpu).unwrap();
+            let expected = x
+                .squeeze(0)
+                .unwrap()
+                .matmul(&dense.t().unwrap())
+                .unwrap()
+                .flatten_all()
+                .unwrap();
+            let largest = |t: Tensor| {
+                t.abs()
+                    .and_then(|t| t.max(0))
+                    .and_then(|t| t.to_scalar::<f32>())
+                    .unwrap()
+            };
+            let scale = largest(expected.clone());
+            let diff = largest((out - expected).unwrap());
+            assert!(
+                diff < 0.01 * scale,
+                "{dtype:?}: max difference {diff} at scale {scale}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_row_reads_back_as_candle_dequantizes_it() {
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+            let stored = weight(16, 64, dtype);
+            let Some(matmul) = InterleavedMatmul::new(&stored) else {
+                return;
+            };
+            let dense = stored.dequantize(&Device::Cpu).unwrap();
+            for row in [0, 5, 15] {
+                let expected = values(&dense.get(row).unwrap());
+                assert_eq!(matmul.row(row).unwrap(), expected, "{dtype:?} row {row}");
+            }
+            assert!(matmul.row(16).is_none());
+        }
+    }
+
+    #[test]
+    fn other_types_and_partial_groups_are_left_to_candle() {
+        assert!(InterleavedMatmul::new(&weight(8, 256, GgmlDType::Q4K)).is_none());
+        assert!(InterleavedMatmul::new(&weight(12, 64, GgmlDType::Q4_1)).is_none());
+    }
+}
