@@ -10,7 +10,8 @@
 use candle_core::{CpuStorage, DType, Device, Layout, Result, Storage, Tensor};
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
-use rayon::prelude::*;
+use std::ops::Range;
+use std::sync::{Mutex, PoisonError};
 
 /// The additive causal mask for `seq` queries at the last positions of `total`:
 /// query `i` (at position `total - seq + i`) sees keys `0..=total - seq + i`.
@@ -207,7 +208,7 @@ fn attention_on_cpu(
     // Item `row * kv_heads + kv_head` is the query heads of one row that
     // share a key/value head: consecutive heads, so their queries and
     // outputs are one run of `groups * d` floats.
-    let attend = |scores: &mut Vec<f32>, (item, out): (usize, &mut [f32])| {
+    let attend = |scratch: &mut Scratch, item: usize, out: &mut [f32]| {
         let (cache, visible) = views[item / kv_heads];
         let (keys, values) = &sequences[cache];
         let group = Group {
@@ -220,21 +221,29 @@ fn attention_on_cpu(
             // SAFETY: the CPU has AVX2, FMA and F16C (`has_avx2_fma_f16c`),
             // and `d` is a whole number of blocks.
             #[cfg(target_arch = "x86_64")]
-            true => unsafe { group.attend_vector(scores, out) },
-            _ => group.attend(scores, out),
+            true => unsafe { vector::attend(&group, scratch, out) },
+            _ => group.attend(scratch, out),
+        }
+    };
+    // Each item has one writer, so its lock is never contended and can
+    // only be poisoned by a panic, which the pool re-raises.
+    let items: Vec<Mutex<&mut [f32]>> = out.chunks_mut(groups * d).map(Mutex::new).collect();
+    let run = |indices: Range<usize>| {
+        let mut scratch = Scratch::default();
+        for item in indices {
+            let mut out = items[item].lock().unwrap_or_else(PoisonError::into_inner);
+            attend(&mut scratch, item, &mut out);
         }
     };
     let scores: usize = views.iter().map(|(_, visible)| visible * heads).sum();
     if scores < PARALLEL_SCORES {
-        let mut scratch = Vec::new();
-        out.chunks_mut(groups * d)
-            .enumerate()
-            .for_each(|item| attend(&mut scratch, item));
+        run(0..items.len());
     } else {
-        out.par_chunks_mut(groups * d)
-            .enumerate()
-            .for_each_init(Vec::new, attend);
+        // The pool the matmuls run on, so that no second set of threads
+        // competes with its workers for the cores.
+        candle_core::utils::barrier_pool().execute_chunked(items.len(), run);
     }
+    drop(items);
     drop(guards);
     Tensor::from_vec(out, (1, count, heads * d), queries.device())
 }
@@ -361,16 +370,17 @@ struct Group<'a> {
 }
 
 impl Group<'_> {
-    /// Softmax-weighted sums of the value rows into `out` (`groups * d`),
-    /// with `scores` as scratch: the portable loop.
-    fn attend(&self, scores: &mut Vec<f32>, out: &mut [f32]) {
+    /// Softmax-weighted sums of the value rows into `out` (`groups * d`):
+    /// the portable loop.
+    fn attend(&self, scratch: &mut Scratch, out: &mut [f32]) {
         let (d, positions) = (self.keys.d, self.keys.positions);
         let groups = self.queries.len() / d;
+        let Scratch { scores, rows } = scratch;
         scores.clear();
         scores.resize(groups * positions, 0.0);
-        let mut scratch = vec![0f32; d];
+        rows.resize(d, 0.0);
         for j in 0..positions {
-            let key = self.keys.row(j, &mut scratch);
+            let key = self.keys.row(j, rows);
             for (g, query) in self.queries.chunks_exact(d).enumerate() {
                 scores[g * positions + j] = dot(query, key) * self.scale;
             }
@@ -378,7 +388,7 @@ impl Group<'_> {
         softmax_each(scores, positions);
         out.fill(0.0);
         for j in 0..positions {
-            let value = self.values.row(j, &mut scratch);
+            let value = self.values.row(j, rows);
             for (g, out) in out.chunks_exact_mut(d).enumerate() {
                 let weight = scores[g * positions + j];
                 for (o, v) in out.iter_mut().zip(value) {
@@ -387,27 +397,15 @@ impl Group<'_> {
             }
         }
     }
+}
 
-    /// [`Group::attend`] with the AVX2 kernel for the cache's dtype.
-    ///
-    /// # Safety
-    /// The CPU has AVX2, FMA and F16C, and the head width is a multiple of
-    /// [`vector::LANES`].
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn attend_vector(&self, scores: &mut Vec<f32>, out: &mut [f32]) {
-        match (self.keys.data, self.values.data) {
-            (RowData::F32(keys), RowData::F32(values)) => {
-                vector::attend_f32(self, keys, values, scores, out)
-            }
-            (RowData::F16(keys), RowData::F16(values)) => {
-                vector::attend_f16(self, keys, values, scores, out)
-            }
-            (RowData::Bf16(keys), RowData::Bf16(values)) => {
-                vector::attend_bf16(self, keys, values, scores, out)
-            }
-            _ => self.attend(scores, out),
-        }
-    }
+/// Working memory of one thread of attention.
+#[derive(Default)]
+struct Scratch {
+    /// The scores of a group's query heads, head after head.
+    scores: Vec<f32>,
+    /// Cache rows widened to f32.
+    rows: Vec<f32>,
 }
 
 /// Turn each run of `positions` scores into its softmax, in place.
@@ -444,51 +442,31 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
-/// The AVX2 attention kernel, one copy per cache dtype. 16-bit rows are
-/// widened eight values at a time in registers as they are read; widening
-/// is exact and every copy does the same arithmetic in the same order, so
-/// the cache dtype alone decides the result.
+/// The AVX2 attention kernel. A 16-bit cache is widened to f32 a chunk of
+/// positions at a time, once for all the query heads that read it, into a
+/// scratch buffer that stays in the L1 cache; widening is exact, so the cache
+/// dtype alone decides the result.
 ///
 /// Scores are computed eight positions at a time, each position's dot
 /// product in its own register, and the eight are summed across lanes
 /// together; the weighted sum of the values keeps eight blocks of one
-/// head's output in registers through every position.
+/// head's output in registers through every position of a chunk, and the
+/// chunks continue the same sums, so chunking changes no rounding.
 #[cfg(target_arch = "x86_64")]
 mod vector {
-    use super::{softmax_each, Group};
-    use half::{bf16, f16};
+    use super::{Group, HeadRows, RowData, Scratch};
     use std::arch::x86_64::*;
 
     /// Floats in one AVX register.
     pub(super) const LANES: usize = 8;
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load_f32(rows: &[f32], at: usize) -> __m256 {
-        debug_assert!(at + LANES <= rows.len());
-        _mm256_loadu_ps(rows.as_ptr().add(at))
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load_f16(rows: &[f16], at: usize) -> __m256 {
-        debug_assert!(at + LANES <= rows.len());
-        _mm256_cvtph_ps(_mm_loadu_si128(rows.as_ptr().add(at).cast()))
-    }
-
-    /// A bf16 is the top half of an f32.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load_bf16(rows: &[bf16], at: usize) -> __m256 {
-        debug_assert!(at + LANES <= rows.len());
-        let halves = _mm256_cvtepu16_epi32(_mm_loadu_si128(rows.as_ptr().add(at).cast()));
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(halves))
-    }
+    /// Positions widened at a time: 64 rows of a 64-wide head are 16 KB of f32.
+    const CHUNK: usize = 64;
 
     /// The lane sums of eight registers, `sums[r]` in lane `r`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn sum_each(sums: &[__m256; 8]) -> __m256 {
+    fn sum_each(sums: &[__m256; 8]) -> __m256 {
         let pairs = [
             _mm256_hadd_ps(sums[0], sums[1]),
             _mm256_hadd_ps(sums[2], sums[3]),
@@ -505,76 +483,254 @@ mod vector {
         )
     }
 
-    macro_rules! kernel {
-        ($t:ty, $load:ident, $attend:ident) => {
-            /// [`Group::attend`] on rows of this dtype (`keys` and
-            /// `values` are the group's head rows as stored).
-            #[target_feature(enable = "avx2,fma,f16c")]
-            pub(super) unsafe fn $attend(
-                group: &Group,
-                keys: &[$t],
-                values: &[$t],
-                scores: &mut Vec<f32>,
-                out: &mut [f32],
-            ) {
-                let (d, positions) = (group.keys.d, group.keys.positions);
-                let (key_stride, value_stride) = (group.keys.stride, group.values.stride);
-                let groups = group.queries.len() / d;
-                let blocks = d / LANES;
-                scores.clear();
-                scores.resize(groups * positions, 0.0);
-                let scale = _mm256_set1_ps(group.scale);
-                for (query, head) in group
-                    .queries
-                    .chunks_exact(d)
-                    .zip(scores.chunks_exact_mut(positions))
-                {
-                    for first in (0..positions).step_by(LANES) {
-                        // A last run of fewer than eight positions sums zeros
-                        // for the missing ones, so every position's score is
-                        // summed in the same order.
-                        let rows = LANES.min(positions - first);
-                        let mut sums = [_mm256_setzero_ps(); LANES];
-                        for block in 0..blocks {
-                            let q = _mm256_loadu_ps(query.as_ptr().add(block * LANES));
-                            for (r, sum) in sums.iter_mut().enumerate().take(rows) {
-                                let key = $load(keys, (first + r) * key_stride + block * LANES);
-                                *sum = _mm256_fmadd_ps(q, key, *sum);
-                            }
-                        }
-                        let mut lanes = [0f32; LANES];
-                        _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_mul_ps(sum_each(&sums), scale));
-                        head[first..first + rows].copy_from_slice(&lanes[..rows]);
-                    }
-                }
-                softmax_each(scores, positions);
-                for (weights, out) in scores.chunks_exact(positions).zip(out.chunks_exact_mut(d)) {
-                    // Eight blocks of the output (64 floats) at a time stay
-                    // in registers through every position.
-                    for first_block in (0..blocks).step_by(LANES) {
-                        let count = LANES.min(blocks - first_block);
-                        let mut sums = [_mm256_setzero_ps(); LANES];
-                        for (j, weight) in weights.iter().enumerate() {
-                            let weight = _mm256_set1_ps(*weight);
-                            let row = j * value_stride + first_block * LANES;
-                            for (b, sum) in sums.iter_mut().enumerate().take(count) {
-                                *sum =
-                                    _mm256_fmadd_ps(weight, $load(values, row + b * LANES), *sum);
-                            }
-                        }
-                        for (b, sum) in sums.iter().enumerate().take(count) {
-                            let at = (first_block + b) * LANES;
-                            _mm256_storeu_ps(out.as_mut_ptr().add(at), *sum);
+    /// Rows `first..first + count` of `rows` as f32 and their stride: in
+    /// place for an f32 cache, else widened into `scratch`, `d` apart.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn widened<'a>(
+        rows: &'a HeadRows,
+        first: usize,
+        count: usize,
+        scratch: &'a mut Vec<f32>,
+    ) -> (&'a [f32], usize) {
+        let (d, stride) = (rows.d, rows.stride);
+        let span = first * stride..(first + count - 1) * stride + d;
+        scratch.resize(count * d, 0.0);
+        match rows.data {
+            RowData::F32(data) => return (&data[span], stride),
+            RowData::F16(data) => {
+                for (j, out) in scratch.chunks_exact_mut(d).enumerate() {
+                    let row = &data[(first + j) * stride..][..d];
+                    for (values, out) in row.chunks_exact(LANES).zip(out.chunks_exact_mut(LANES)) {
+                        // SAFETY: both runs hold eight values.
+                        unsafe {
+                            let wide = _mm256_cvtph_ps(_mm_loadu_si128(values.as_ptr().cast()));
+                            _mm256_storeu_ps(out.as_mut_ptr(), wide);
                         }
                     }
                 }
             }
-        };
+            RowData::Bf16(data) => {
+                for (j, out) in scratch.chunks_exact_mut(d).enumerate() {
+                    let row = &data[(first + j) * stride..][..d];
+                    for (values, out) in row.chunks_exact(LANES).zip(out.chunks_exact_mut(LANES)) {
+                        // SAFETY: both runs hold eight values. A bf16 is
+                        // the top half of an f32.
+                        unsafe {
+                            let halves =
+                                _mm256_cvtepu16_epi32(_mm_loadu_si128(values.as_ptr().cast()));
+                            let wide = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(halves));
+                            _mm256_storeu_ps(out.as_mut_ptr(), wide);
+                        }
+                    }
+                }
+            }
+        }
+        (&scratch[..], d)
     }
 
-    kernel!(f32, load_f32, attend_f32);
-    kernel!(f16, load_f16, attend_f16);
-    kernel!(bf16, load_bf16, attend_bf16);
+    /// [`Group::attend`] with AVX2.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn attend(group: &Group, scratch: &mut Scratch, out: &mut [f32]) {
+        let (d, positions) = (group.keys.d, group.keys.positions);
+        let Scratch { scores, rows } = scratch;
+        scores.clear();
+        scores.resize(group.queries.len() / d * positions, 0.0);
+        for first in (0..positions).step_by(CHUNK) {
+            let count = CHUNK.min(positions - first);
+            let (keys, stride) = widened(&group.keys, first, count, rows);
+            for (query, scores) in group
+                .queries
+                .chunks_exact(d)
+                .zip(scores.chunks_exact_mut(positions))
+            {
+                let scores = &mut scores[first..first + count];
+                score_chunk(query, keys, stride, group.scale, scores);
+            }
+        }
+        for scores in scores.chunks_exact_mut(positions) {
+            softmax(scores);
+        }
+        out.fill(0.0);
+        for first in (0..positions).step_by(CHUNK) {
+            let count = CHUNK.min(positions - first);
+            let (values, stride) = widened(&group.values, first, count, rows);
+            for (weights, out) in scores.chunks_exact(positions).zip(out.chunks_exact_mut(d)) {
+                add_weighted(&weights[first..first + count], values, stride, out);
+            }
+        }
+    }
+
+    /// `e^x` in each lane, within two units in the last place, for `x` ≤ 0
+    /// as softmax takes it (above -87, where `e^x` leaves the normal floats,
+    /// the result is about 2^-126 instead of smaller).
+    ///
+    /// `x = n·ln 2 + r` with `|r|` ≤ ln 2 / 2; `e^r` is a polynomial (Cephes'
+    /// `expf` coefficients) and `2^n` is built in the exponent bits.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn exp(x: __m256) -> __m256 {
+        const LN2_HIGH: f32 = 0.693_359_4;
+        const LN2_LOW: f32 = -2.121_944_4e-4;
+        const POLYNOMIAL: [f32; 6] = [
+            1.987_569_1e-4,
+            1.398_2e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            0.166_666_65,
+            0.5,
+        ];
+        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HIGH), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LOW), r);
+        let mut p = _mm256_set1_ps(POLYNOMIAL[0]);
+        for c in &POLYNOMIAL[1..] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
+        }
+        let e_r = _mm256_fmadd_ps(
+            p,
+            _mm256_mul_ps(r, r),
+            _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+        );
+        let exponent = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+        _mm256_mul_ps(e_r, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(exponent)))
+    }
+
+    /// Turn `scores` into their softmax, in place, eight at a time. A last
+    /// run of fewer than eight is padded, so every score takes the same path.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn softmax(scores: &mut [f32]) {
+        let largest = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let largest = _mm256_set1_ps(largest);
+        let mut sums = _mm256_setzero_ps();
+        for run in scores.chunks_mut(LANES) {
+            let mut lanes = [0f32; LANES];
+            lanes[..run.len()].copy_from_slice(run);
+            // SAFETY: `lanes` holds eight floats.
+            unsafe {
+                let weights = exp(_mm256_sub_ps(_mm256_loadu_ps(lanes.as_ptr()), largest));
+                _mm256_storeu_ps(lanes.as_mut_ptr(), weights);
+            }
+            run.copy_from_slice(&lanes[..run.len()]);
+            lanes[run.len()..].fill(0.0);
+            // SAFETY: as above.
+            sums = _mm256_add_ps(sums, unsafe { _mm256_loadu_ps(lanes.as_ptr()) });
+        }
+        let mut lanes = [0f32; LANES];
+        // SAFETY: as above.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sums) };
+        let total: f32 = lanes.iter().sum();
+        for score in scores.iter_mut() {
+            *score /= total;
+        }
+    }
+
+    /// `scores[j]` = `scale` · `query` · key row `j` (`keys[j * stride..]`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn score_chunk(query: &[f32], keys: &[f32], stride: usize, scale: f32, scores: &mut [f32]) {
+        let scale = _mm256_set1_ps(scale);
+        for (start, scores) in (0..scores.len())
+            .step_by(LANES)
+            .zip(scores.chunks_mut(LANES))
+        {
+            // A last run of fewer than eight positions sums zeros for the
+            // missing ones, so every position's score is summed in the same
+            // order.
+            let mut sums = [_mm256_setzero_ps(); LANES];
+            for (block, query) in query.chunks_exact(LANES).enumerate() {
+                // SAFETY: blocks of eight, within `query` and each key row.
+                unsafe {
+                    let q = _mm256_loadu_ps(query.as_ptr());
+                    for (r, sum) in sums.iter_mut().enumerate().take(scores.len()) {
+                        let at = (start + r) * stride + block * LANES;
+                        debug_assert!(at + LANES <= keys.len());
+                        *sum = _mm256_fmadd_ps(q, _mm256_loadu_ps(keys.as_ptr().add(at)), *sum);
+                    }
+                }
+            }
+            let mut lanes = [0f32; LANES];
+            // SAFETY: `lanes` holds eight floats.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_mul_ps(sum_each(&sums), scale)) };
+            scores.copy_from_slice(&lanes[..scores.len()]);
+        }
+    }
+
+    /// `out` += Σⱼ `weights[j]` · value row `j` (`values[j * stride..]`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn add_weighted(weights: &[f32], values: &[f32], stride: usize, out: &mut [f32]) {
+        // Eight blocks of the output (64 floats) at a time stay in
+        // registers through every position.
+        for (part, out) in out.chunks_mut(LANES * LANES).enumerate() {
+            let mut sums = [_mm256_setzero_ps(); LANES];
+            for (sum, out) in sums.iter_mut().zip(out.chunks_exact(LANES)) {
+                // SAFETY: eight floats.
+                *sum = unsafe { _mm256_loadu_ps(out.as_ptr()) };
+            }
+            let blocks = out.len() / LANES;
+            for (j, weight) in weights.iter().enumerate() {
+                let weight = _mm256_set1_ps(*weight);
+                for (b, sum) in sums.iter_mut().enumerate().take(blocks) {
+                    let at = j * stride + part * LANES * LANES + b * LANES;
+                    debug_assert!(at + LANES <= values.len());
+                    // SAFETY: eight floats of value row `j`.
+                    let value = unsafe { _mm256_loadu_ps(values.as_ptr().add(at)) };
+                    *sum = _mm256_fmadd_ps(weight, value, *sum);
+                }
+            }
+            for (sum, out) in sums.iter().zip(out.chunks_exact_mut(LANES)) {
+                // SAFETY: eight floats.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), *sum) };
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn exp_is_within_two_units_in_the_last_place() {
+            if !crate::engine::model::has_avx2_fma_f16c() {
+                return;
+            }
+            let xs: Vec<f32> = (0..80_000).map(|i| -(i as f32) * 0.001_087_5).collect();
+            for run in xs.chunks_exact(LANES) {
+                let mut got = [0f32; LANES];
+                // SAFETY: this CPU has AVX2, FMA and F16C; eight floats each.
+                unsafe { _mm256_storeu_ps(got.as_mut_ptr(), exp(_mm256_loadu_ps(run.as_ptr()))) };
+                for (x, got) in run.iter().zip(got) {
+                    let want = x.exp();
+                    let ulp = f32::from_bits(want.to_bits() + 1) - want;
+                    assert!(
+                        (got - want).abs() <= 2.0 * ulp,
+                        "e^{x}: {got} against {want}"
+                    );
+                }
+            }
+        }
+
+        #[test]
+        fn softmax_sums_to_one_and_keeps_the_order() {
+            if !crate::engine::model::has_avx2_fma_f16c() {
+                return;
+            }
+            let mut scores: Vec<f32> = (0..13).map(|i| (i as f32 * 0.7).sin() * 5.0).collect();
+            let before = scores.clone();
+            // SAFETY: this CPU has AVX2, FMA and F16C.
+            unsafe { softmax(&mut scores) };
+            assert!((scores.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+            let exact: Vec<f32> = before.iter().map(|s| (s - 5.0).exp()).collect();
+            let total: f32 = exact.iter().sum();
+            for (got, want) in scores.iter().zip(&exact) {
+                assert!((got - want / total).abs() < 1e-6);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
