@@ -29,9 +29,10 @@ const TILE: usize = 4;
 
 /// A block format the kernel reads.
 ///
-/// A stored block is one or two f16 fields, then its values. In a group
-/// block, each field comes first for the eight rows in turn (16 bytes), then
-/// runs of 32 bytes, the `k`-th holding bytes `4k..4k+4` of every row's values.
+/// In a group block, each f16 field of a stored block comes first for the
+/// eight rows in turn (16 bytes), then the values in runs of 32 bytes, the
+/// `k`-th holding bytes `4k..4k+4` of every row's values (for Q4_K, of every
+/// row's 32 bytes of each pair of sub-blocks in turn).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Format {
     /// A scale `d` and a minimum `m`, then 16 bytes whose low nibbles are
@@ -39,6 +40,12 @@ enum Format {
     Q4_1,
     /// A scale `d`, then 32 signed bytes: value = `d·w`.
     Q8_0,
+    /// 256 values in eight sub-blocks of 32: a scale `d` and a minimum
+    /// `dmin`, 12 bytes packing each sub-block's 6-bit scale `sc` and minimum
+    /// `m`, then 128 bytes whose 32-byte runs hold two sub-blocks, the first
+    /// in the low nibbles: value = `d·sc·w - dmin·m`. A group block keeps
+    /// `sc` and `m` unpacked, a byte each, sub-block by sub-block.
+    Q4K,
 }
 
 impl Format {
@@ -46,21 +53,112 @@ impl Format {
         match dtype {
             GgmlDType::Q4_1 => Some(Format::Q4_1),
             GgmlDType::Q8_0 => Some(Format::Q8_0),
+            GgmlDType::Q4K => Some(Format::Q4K),
             _ => None,
         }
     }
 
-    /// The f16 fields and the bytes of values of one stored block.
-    const fn layout(self) -> (usize, usize) {
+    /// Values in one stored block.
+    const fn values(self) -> usize {
         match self {
-            Format::Q4_1 => (2, 16),
-            Format::Q8_0 => (1, 32),
+            Format::Q4_1 | Format::Q8_0 => BLOCK,
+            Format::Q4K => 8 * BLOCK,
         }
     }
 
     const fn block_bytes(self) -> usize {
-        let (fields, values) = self.layout();
-        2 * fields + values
+        match self {
+            Format::Q4_1 => 20,
+            Format::Q8_0 => 34,
+            Format::Q4K => 144,
+        }
+    }
+
+    /// Bytes of the block of a group.
+    const fn group_block_bytes(self) -> usize {
+        match self {
+            Format::Q4_1 | Format::Q8_0 => GROUP * self.block_bytes(),
+            // d, dmin, the unpacked scales and minimums, the values.
+            Format::Q4K => GROUP * (2 + 2 + 8 + 8 + 128),
+        }
+    }
+
+    /// Lay out one block of each of a group's rows as a group block.
+    fn interleave_block(self, stored: [&[u8]; GROUP], out: &mut [u8]) {
+        let (fields, values) = match self {
+            Format::Q4_1 => (2, &stored.map(|block| &block[4..])),
+            Format::Q8_0 => (1, &stored.map(|block| &block[2..])),
+            Format::Q4K => (2, &stored.map(|block| &block[16..])),
+        };
+        for (r, block) in stored.iter().enumerate() {
+            for field in 0..fields {
+                out[16 * field + 2 * r..][..2].copy_from_slice(&block[2 * field..2 * field + 2]);
+            }
+        }
+        let mut at = 16 * fields;
+        if self == Format::Q4K {
+            for (r, block) in stored.iter().enumerate() {
+                for j in 0..8 {
+                    let (scale, minimum) = q4k_scale_and_minimum(&block[4..16], j);
+                    out[at + 8 * j + r] = scale;
+                    out[at + 64 + 8 * j + r] = minimum;
+                }
+            }
+            at += 128;
+        }
+        for k in 0..values[0].len() / 4 {
+            for (r, values) in values.iter().enumerate() {
+                out[at + 32 * k + 4 * r..][..4].copy_from_slice(&values[4 * k..4 * k + 4]);
+            }
+        }
+    }
+
+    /// Row `r` of a group block, dequantized onto `out`.
+    fn dequantize_row(self, block: &[u8], r: usize, out: &mut Vec<f32>) {
+        let f16_at = |at: usize| half::f16::from_le_bytes([block[at], block[at + 1]]).to_f32();
+        let values_at = |fields: usize, extra: usize, i: usize| {
+            block[16 * fields + extra + 32 * (i / 4) + 4 * r + i % 4]
+        };
+        let d = f16_at(2 * r);
+        match self {
+            Format::Q4_1 => {
+                let m = f16_at(16 + 2 * r);
+                let bytes: Vec<u8> = (0..16).map(|i| values_at(2, 0, i)).collect();
+                out.extend(bytes.iter().map(|b| d * f32::from(b & 0x0F) + m));
+                out.extend(bytes.iter().map(|b| d * f32::from(b >> 4) + m));
+            }
+            Format::Q8_0 => out.extend((0..32).map(|i| d * f32::from(values_at(1, 0, i) as i8))),
+            Format::Q4K => {
+                let dmin = f16_at(16 + 2 * r);
+                for pair in 0..4 {
+                    let bytes: Vec<u8> =
+                        (0..32).map(|i| values_at(2, 128, 32 * pair + i)).collect();
+                    for (j, shift) in [(2 * pair, 0), (2 * pair + 1, 4)] {
+                        let scale = d * f32::from(block[32 + 8 * j + r]);
+                        let minimum = dmin * f32::from(block[96 + 8 * j + r]);
+                        out.extend(
+                            bytes
+                                .iter()
+                                .map(|b| scale * f32::from((b >> shift) & 0x0F) - minimum),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The 6-bit scale and minimum of sub-block `j` of a Q4_K block, from its
+/// 12 packed bytes: sub-blocks 0-3 in the low six bits of bytes 0-3 and 4-7,
+/// sub-blocks 4-7 in bytes 8-11's nibbles and the top two bits of bytes 0-7.
+fn q4k_scale_and_minimum(packed: &[u8], j: usize) -> (u8, u8) {
+    if j < 4 {
+        (packed[j] & 63, packed[j + 4] & 63)
+    } else {
+        (
+            (packed[j + 4] & 0x0F) | ((packed[j - 4] >> 6) << 4),
+            (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4),
+        )
     }
 }
 
@@ -105,12 +203,13 @@ impl InterleavedMatmul {
             return None;
         };
         let format = Format::of(weight.dtype())?;
-        let fits =
-            weight.device().is_cpu() && width.is_multiple_of(BLOCK) && rows.is_multiple_of(GROUP);
+        let fits = weight.device().is_cpu()
+            && width.is_multiple_of(format.values())
+            && rows.is_multiple_of(GROUP);
         let instructions = Instructions::of_this_cpu().filter(|_| fits)?;
         let stored = weight.data().ok()?;
         Some(InterleavedMatmul {
-            interleaved: interleave(&stored, width / BLOCK, format).into(),
+            interleaved: interleave(&stored, width / format.values(), format).into(),
             format,
             rows,
             width,
@@ -137,27 +236,11 @@ impl InterleavedMatmul {
         if row >= self.rows {
             return None;
         }
-        let blocks = self.width / BLOCK;
-        let group_bytes = blocks * GROUP * self.format.block_bytes();
+        let group_bytes = self.width / self.format.values() * self.format.group_block_bytes();
         let group = &self.interleaved[row / GROUP * group_bytes..][..group_bytes];
-        let r = row % GROUP;
-        let f16_at = |bytes: &[u8], at: usize| half::f16::from_le_bytes([bytes[at], bytes[at + 1]]);
         let mut values = Vec::with_capacity(self.width);
-        for block in group.chunks_exact(GROUP * self.format.block_bytes()) {
-            let d = f16_at(block, 2 * r).to_f32();
-            match self.format {
-                Format::Q4_1 => {
-                    let m = f16_at(block, 16 + 2 * r).to_f32();
-                    let bytes: Vec<u8> = (0..16)
-                        .map(|j| block[32 + 32 * (j / 4) + 4 * r + j % 4])
-                        .collect();
-                    values.extend(bytes.iter().map(|b| d * f32::from(b & 0x0F) + m));
-                    values.extend(bytes.iter().map(|b| d * f32::from(b >> 4) + m));
-                }
-                Format::Q8_0 => values.extend(
-                    (0..32).map(|j| d * f32::from(block[16 + 32 * (j / 4) + 4 * r + j % 4] as i8)),
-                ),
-            }
+        for block in group.chunks_exact(self.format.group_block_bytes()) {
+            self.format.dequantize_row(block, row % GROUP, &mut values);
         }
         Some(values)
     }
@@ -183,7 +266,7 @@ impl InterleavedMatmul {
         }
         let inputs: Vec<&[InputBlock]> = inputs.chunks_exact(blocks).collect();
         let groups = self.rows / GROUP;
-        let group_bytes = blocks * GROUP * self.format.block_bytes();
+        let group_bytes = width / self.format.values() * self.format.group_block_bytes();
         // Groups are split among the cores in runs; a group's results are
         // `(seq, GROUP)`, and each run writes through its own lock.
         let run = groups.div_ceil(32);
@@ -245,6 +328,8 @@ impl InterleavedMatmul {
                 (Format::Q4_1, Instructions::Avx2) => avx2::q4_1(group, inputs, out),
                 (Format::Q8_0, Instructions::Avx512Vnni) => vnni::q8_0(group, inputs, out),
                 (Format::Q8_0, Instructions::Avx2) => avx2::q8_0(group, inputs, out),
+                (Format::Q4K, Instructions::Avx512Vnni) => vnni::q4k(group, inputs, out),
+                (Format::Q4K, Instructions::Avx2) => avx2::q4k(group, inputs, out),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -258,25 +343,18 @@ impl InterleavedMatmul {
 /// The stored rows of a matrix in `format`, `blocks` blocks each, with every
 /// [`GROUP`] rows interleaved block by block as [`Format`] describes.
 fn interleave(stored: &[u8], blocks: usize, format: Format) -> Vec<u8> {
-    let (fields, value_bytes) = format.layout();
     let block_bytes = format.block_bytes();
     let row_bytes = blocks * block_bytes;
-    let mut interleaved = vec![0u8; stored.len()];
-    let group_blocks = interleaved.chunks_exact_mut(GROUP * block_bytes);
+    let groups = stored.len() / row_bytes / GROUP;
+    let mut interleaved = vec![0u8; groups * blocks * format.group_block_bytes()];
+    let group_blocks = interleaved.chunks_exact_mut(format.group_block_bytes());
     for (index, out) in group_blocks.enumerate() {
         let (group, block) = (index / blocks, index % blocks);
-        for r in 0..GROUP {
+        let rows = std::array::from_fn(|r| {
             let at = (group * GROUP + r) * row_bytes + block * block_bytes;
-            let stored = &stored[at..at + block_bytes];
-            for field in 0..fields {
-                let to = 16 * field + 2 * r;
-                out[to..to + 2].copy_from_slice(&stored[2 * field..2 * field + 2]);
-            }
-            for k in 0..value_bytes / 4 {
-                let (from, to) = (2 * fields + 4 * k, 16 * fields + 32 * k + 4 * r);
-                out[to..to + 4].copy_from_slice(&stored[from..from + 4]);
-            }
-        }
+            &stored[at..at + block_bytes]
+        });
+        format.interleave_block(rows, out);
     }
     interleaved
 }
@@ -398,6 +476,13 @@ mod kernel {
         _mm256_cvtph_ps(_mm_loadu_si128(at.cast()))
     }
 
+    /// Eight bytes at `at`, widened to 32-bit integers.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn eight_bytes(at: *const u8) -> __m256i {
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(at.cast()))
+    }
+
     /// Stores each input row's eight sums in `out`.
     #[inline]
     #[target_feature(enable = "avx2")]
@@ -442,7 +527,7 @@ mod kernel {
                 let nibbles = _mm256_set1_epi8(0x0F);
                 let mut sums = [_mm256_setzero_ps(); N];
                 for (b, block) in group
-                    .chunks_exact(GROUP * Format::Q4_1.block_bytes())
+                    .chunks_exact(Format::Q4_1.group_block_bytes())
                     .enumerate()
                 {
                     let at = block.as_ptr();
@@ -496,7 +581,7 @@ mod kernel {
                 let inputs: &[&[InputBlock]; N] = inputs.try_into().expect("N input rows");
                 let mut sums = [_mm256_setzero_ps(); N];
                 for (b, block) in group
-                    .chunks_exact(GROUP * Format::Q8_0.block_bytes())
+                    .chunks_exact(Format::Q8_0.group_block_bytes())
                     .enumerate()
                 {
                     let at = block.as_ptr();
@@ -521,6 +606,77 @@ mod kernel {
                         let dots = _mm256_cvtepi32_ps(_mm256_add_epi32(first, second));
                         let scale = _mm256_mul_ps(scales, _mm256_set1_ps(input.scale));
                         sums[n] = _mm256_fmadd_ps(dots, scale, sums[n]);
+                    }
+                }
+                store(sums, out);
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn q4k(group: &[u8], inputs: &[&[InputBlock]], out: &mut [f32]) {
+                match inputs.len() {
+                    1 => q4k_tile::<1>(group, inputs, out),
+                    2 => q4k_tile::<2>(group, inputs, out),
+                    3 => q4k_tile::<3>(group, inputs, out),
+                    _ => q4k_tile::<TILE>(group, inputs, out),
+                }
+            }
+
+            /// Row `r` of a block contributes `d·Σⱼ sⱼ·scⱼ·Σ wᵢqᵢ -
+            /// dmin·Σⱼ mⱼ·sumⱼ` over its sub-blocks `j`, whose input
+            /// blocks have scales `sⱼ` and sums `sumⱼ`. A sub-block's dot
+            /// products are multiplied by `scⱼ` while still integers.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn q4k_tile<const N: usize>(
+                group: &[u8],
+                inputs: &[&[InputBlock]],
+                out: &mut [f32],
+            ) {
+                let inputs: &[&[InputBlock]; N] = inputs.try_into().expect("N input rows");
+                let nibbles = _mm256_set1_epi8(0x0F);
+                let mut sums = [_mm256_setzero_ps(); N];
+                for (b, block) in group
+                    .chunks_exact(Format::Q4K.group_block_bytes())
+                    .enumerate()
+                {
+                    let at = block.as_ptr();
+                    let mut scaled = [_mm256_setzero_ps(); N];
+                    let mut minimums = [_mm256_setzero_ps(); N];
+                    for j in 0..8 {
+                        let scales = eight_bytes(at.add(32 + 8 * j));
+                        let mins = _mm256_cvtepi32_ps(eight_bytes(at.add(96 + 8 * j)));
+                        let pair = at.add(160 + 256 * (j / 2));
+                        let mut values = [_mm256_setzero_si256(); 8];
+                        for (k, values) in values.iter_mut().enumerate() {
+                            let packed = _mm256_loadu_si256(pair.add(32 * k).cast());
+                            let packed = if j % 2 == 0 {
+                                packed
+                            } else {
+                                _mm256_srli_epi16::<4>(packed)
+                            };
+                            *values = _mm256_and_si256(packed, nibbles);
+                        }
+                        for n in 0..N {
+                            let input = &inputs[n][8 * b + j];
+                            let mut first = _mm256_setzero_si256();
+                            let mut second = _mm256_setzero_si256();
+                            for k in 0..4 {
+                                first = $dot_bytes(first, values[k], four(&input.quants, k));
+                                second =
+                                    $dot_bytes(second, values[4 + k], four(&input.quants, 4 + k));
+                            }
+                            let dots = _mm256_mullo_epi32(_mm256_add_epi32(first, second), scales);
+                            let dots = _mm256_cvtepi32_ps(dots);
+                            scaled[n] =
+                                _mm256_fmadd_ps(dots, _mm256_set1_ps(input.scale), scaled[n]);
+                            minimums[n] =
+                                _mm256_fmadd_ps(mins, _mm256_set1_ps(input.sum), minimums[n]);
+                        }
+                    }
+                    let (d, dmin) = (eight_f16(at), eight_f16(at.add(16)));
+                    for n in 0..N {
+                        sums[n] = _mm256_fmadd_ps(scaled[n], d, sums[n]);
+                        sums[n] = _mm256_fnmadd_ps(minimums[n], dmin, sums[n]);
                     }
                 }
                 store(sums, out);
@@ -571,32 +727,16 @@ mod tests {
         let (rows, width) = weight.shape().dims2().unwrap();
         let format = Format::of(weight.dtype()).unwrap();
         let data = weight.data().unwrap();
-        let blocks = width / BLOCK;
         let mut out = Vec::new();
         for row in values(x).chunks_exact(width) {
-            let mut quantized = vec![InputBlock::default(); blocks];
+            let mut quantized = vec![InputBlock::default(); width / BLOCK];
             quantize(row, &mut quantized);
-            for w in data.chunks_exact(blocks * format.block_bytes()).take(rows) {
+            let row_bytes = width / format.values() * format.block_bytes();
+            for w in data.chunks_exact(row_bytes).take(rows) {
                 let mut sum = 0f64;
-                for (block, input) in w.chunks_exact(format.block_bytes()).zip(&quantized) {
-                    let q = |j: usize| i32::from(input.quants[j]);
-                    let (dot, minimum): (i32, f64) = match format {
-                        Format::Q4_1 => (
-                            (0..16)
-                                .map(|j| {
-                                    let byte = block[4 + j];
-                                    i32::from(byte & 0x0F) * q(j) + i32::from(byte >> 4) * q(j + 16)
-                                })
-                                .sum(),
-                            f16_at(block, 2),
-                        ),
-                        Format::Q8_0 => (
-                            (0..32).map(|j| i32::from(block[2 + j] as i8) * q(j)).sum(),
-                            0.0,
-                        ),
-                    };
-                    sum += f16_at(block, 0) * f64::from(input.scale) * f64::from(dot)
-                        + minimum * f64::from(input.sum);
+                let blocks = w.chunks_exact(format.block_bytes());
+                for (block, inputs) in blocks.zip(quantized.chunks_exact(format.values() / BLOCK)) {
+                    sum += reference_block(format, block, inputs);
                 }
                 out.push(sum as f32);
             }
@@ -604,16 +744,56 @@ mod tests {
         out
     }
 
+    /// One stored block times its input blocks, as plain integers and floats.
+    fn reference_block(format: Format, block: &[u8], inputs: &[InputBlock]) -> f64 {
+        let input = inputs[0];
+        let q = |j: usize| i32::from(input.quants[j]);
+        let scale = f64::from(input.scale);
+        match format {
+            Format::Q4_1 => {
+                let dot: i32 = (0..16)
+                    .map(|j| {
+                        let byte = block[4 + j];
+                        i32::from(byte & 0x0F) * q(j) + i32::from(byte >> 4) * q(j + 16)
+                    })
+                    .sum();
+                f16_at(block, 0) * scale * f64::from(dot) + f16_at(block, 2) * f64::from(input.sum)
+            }
+            Format::Q8_0 => {
+                let dot: i32 = (0..32).map(|j| i32::from(block[2 + j] as i8) * q(j)).sum();
+                f16_at(block, 0) * scale * f64::from(dot)
+            }
+            Format::Q4K => (0..8)
+                .map(|j| {
+                    let input = inputs[j];
+                    let (sc, m) = q4k_scale_and_minimum(&block[4..16], j);
+                    let dot: i32 = (0..32)
+                        .map(|i| {
+                            let byte = block[16 + 32 * (j / 2) + i];
+                            i32::from((byte >> (4 * (j % 2))) & 0x0F) * i32::from(input.quants[i])
+                        })
+                        .sum();
+                    f16_at(block, 0) * f64::from(sc) * f64::from(input.scale) * f64::from(dot)
+                        - f16_at(block, 2) * f64::from(m) * f64::from(input.sum)
+                })
+                .sum(),
+        }
+    }
+
     #[test]
     fn the_kernels_compute_the_integer_dot_products_of_the_stored_blocks() {
-        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
-            let stored = weight(24, 96, dtype);
+        for (dtype, width) in [
+            (GgmlDType::Q4_1, 96),
+            (GgmlDType::Q8_0, 96),
+            (GgmlDType::Q4K, 512),
+        ] {
+            let stored = weight(24, width, dtype);
             let Some(matmul) = InterleavedMatmul::new(&stored) else {
                 return; // a CPU without AVX2 never builds this matmul
             };
             // 1, a whole tile, and a tile and a part.
             for seq in [1, 4, 6] {
-                let x = inputs(seq, 96);
+                let x = inputs(seq, width);
                 let expected = reference(&stored, &x);
                 for matmul in [matmul.clone(), matmul.with_avx2()] {
                     let out = matmul.forward(&x).unwrap();
@@ -671,12 +851,16 @@ mod tests {
 
     #[test]
     fn it_multiplies_by_the_dequantized_weight_up_to_the_inputs_rounding() {
-        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
-            let stored = weight(40, 128, dtype);
+        for (dtype, width) in [
+            (GgmlDType::Q4_1, 128),
+            (GgmlDType::Q8_0, 128),
+            (GgmlDType::Q4K, 256),
+        ] {
+            let stored = weight(40, width, dtype);
             let Some(matmul) = InterleavedMatmul::new(&stored) else {
                 return;
             };
-            let x = inputs(3, 128);
+            let x = inputs(3, width);
             let out = matmul.forward(&x).unwrap().flatten_all().unwrap();
             let dense = stored.dequantize(&Device::Cpu).unwrap();
             let expected = x
@@ -703,8 +887,12 @@ mod tests {
 
     #[test]
     fn a_row_reads_back_as_candle_dequantizes_it() {
-        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
-            let stored = weight(16, 64, dtype);
+        for (dtype, width) in [
+            (GgmlDType::Q4_1, 64),
+            (GgmlDType::Q8_0, 64),
+            (GgmlDType::Q4K, 512),
+        ] {
+            let stored = weight(16, width, dtype);
             let Some(matmul) = InterleavedMatmul::new(&stored) else {
                 return;
             };
@@ -719,7 +907,7 @@ mod tests {
 
     #[test]
     fn other_types_and_partial_groups_are_left_to_candle() {
-        assert!(InterleavedMatmul::new(&weight(8, 256, GgmlDType::Q4K)).is_none());
+        assert!(InterleavedMatmul::new(&weight(8, 256, GgmlDType::Q6K)).is_none());
         assert!(InterleavedMatmul::new(&weight(12, 64, GgmlDType::Q4_1)).is_none());
     }
 }
