@@ -72,8 +72,9 @@ pub struct EngineArgs {
     /// The most disk --prompt-cache may take (`512M`, `8G`); the least recently used entries go first.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "4G", requires = "prompt_cache")]
     pub prompt_cache_size: usize,
-    /// Weights for multi-token prefill: `dense` (f32 copy, fastest, more memory) or `quantized`.
-    /// Default: dense when the copy stays under 4 GiB.
+    /// Weights for multi-token prefill: `dense` (an f32 copy of each weight candle multiplies:
+    /// faster, more memory) or `quantized`. Q4_1, Q8_0, Q4_K and Q6_K weights on AVX2 CPUs
+    /// take prism's own kernel either way. Default: dense when the copy stays under 4 GiB.
     #[arg(long, value_parser = parse_prefill_weights)]
     pub prefill_weights: Option<PrefillWeights>,
     /// How the KV cache stores keys and values: f32, or f16 or bf16 for half the memory (logits

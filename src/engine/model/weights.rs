@@ -5,7 +5,7 @@
 //! Q4_0, Q8_0 and the K-quants but fall back to a slow generic loop for Q4_1,
 //! Q5_0 and Q5_1, which is what small models (576- or 896-wide rows, too narrow
 //! for K-quants) are stored in. So at load time:
-//! - Q4_1 and Q8_0 weights are reordered for our own kernel
+//! - Q4_1, Q8_0, Q4_K and Q6_K weights are reordered for our own kernel
 //!   ([`InterleavedMatmul`]); the other slow types are re-quantized to Q8_0;
 //! - for prompt tokens (prefill) a dense f32 copy runs a GEMM when
 //!   [`PrefillWeights::Dense`] is chosen, for every weight candle multiplies.
