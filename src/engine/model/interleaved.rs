@@ -546,6 +546,21 @@ mod kernel {
         }
     }
 
+    /// `$name(group, inputs, out)`: `$tile::<N>` for the `N` rows of `inputs`.
+    macro_rules! by_rows {
+        ($name:ident, $tile:ident, $features:literal) => {
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn $name(group: &[u8], inputs: &[&[InputBlock]], out: &mut [f32]) {
+                match inputs.len() {
+                    1 => $tile::<1>(group, inputs, out),
+                    2 => $tile::<2>(group, inputs, out),
+                    3 => $tile::<3>(group, inputs, out),
+                    _ => $tile::<TILE>(group, inputs, out),
+                }
+            }
+        };
+    }
+
     /// The kernels for each format, built once for each way of multiplying
     /// bytes. Each computes `out[n * GROUP + r]` = row `r` of the group
     /// times `inputs[n]`, for up to [`TILE`] input rows; its `tile::<N>`
@@ -556,15 +571,7 @@ mod kernel {
         ($features:literal, $dot_bytes:ident) => {
             use super::*;
 
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn q4_1(group: &[u8], inputs: &[&[InputBlock]], out: &mut [f32]) {
-                match inputs.len() {
-                    1 => q4_1_tile::<1>(group, inputs, out),
-                    2 => q4_1_tile::<2>(group, inputs, out),
-                    3 => q4_1_tile::<3>(group, inputs, out),
-                    _ => q4_1_tile::<TILE>(group, inputs, out),
-                }
-            }
+            by_rows!(q4_1, q4_1_tile, $features);
 
             /// Row `r` of a block contributes `d·s·Σ wᵢqᵢ + m·sum`, where
             /// `wᵢ` are its 4-bit values, `d` and `m` its scale and minimum,
@@ -611,15 +618,7 @@ mod kernel {
                 store(sums, out);
             }
 
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn q8_0(group: &[u8], inputs: &[&[InputBlock]], out: &mut [f32]) {
-                match inputs.len() {
-                    1 => q8_0_tile::<1>(group, inputs, out),
-                    2 => q8_0_tile::<2>(group, inputs, out),
-                    3 => q8_0_tile::<3>(group, inputs, out),
-                    _ => q8_0_tile::<TILE>(group, inputs, out),
-                }
-            }
+            by_rows!(q8_0, q8_0_tile, $features);
 
             /// Row `r` of a block contributes `d·s·Σ wᵢqᵢ`. The byte
             /// multiply takes an unsigned operand, so it multiplies `|wᵢ|`
@@ -664,15 +663,7 @@ mod kernel {
                 store(sums, out);
             }
 
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn q4k(group: &[u8], inputs: &[&[InputBlock]], out: &mut [f32]) {
-                match inputs.len() {
-                    1 => q4k_tile::<1>(group, inputs, out),
-                    2 => q4k_tile::<2>(group, inputs, out),
-                    3 => q4k_tile::<3>(group, inputs, out),
-                    _ => q4k_tile::<TILE>(group, inputs, out),
-                }
-            }
+            by_rows!(q4k, q4k_tile, $features);
 
             /// Row `r` of a block contributes `d·Σⱼ sⱼ·scⱼ·Σ wᵢqᵢ -
             /// dmin·Σⱼ mⱼ·sumⱼ` over its sub-blocks `j`, whose input
@@ -735,15 +726,7 @@ mod kernel {
                 store(sums, out);
             }
 
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn q6k(group: &[u8], inputs: &[&[InputBlock]], out: &mut [f32]) {
-                match inputs.len() {
-                    1 => q6k_tile::<1>(group, inputs, out),
-                    2 => q6k_tile::<2>(group, inputs, out),
-                    3 => q6k_tile::<3>(group, inputs, out),
-                    _ => q6k_tile::<TILE>(group, inputs, out),
-                }
-            }
+            by_rows!(q6k, q6k_tile, $features);
 
             /// Row `r` of a block contributes `d·Σⱼ sⱼ·(sc₂ⱼ·Σ' wᵢqᵢ +
             /// sc₂ⱼ₊₁·Σ'' wᵢqᵢ)` over its input blocks `j` of 32, whose halves
