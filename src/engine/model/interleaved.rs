@@ -97,21 +97,8 @@ impl Format {
 
     /// Lay out one block of each of a group's rows as a group block.
     fn interleave_block(self, stored: [&[u8]; GROUP], out: &mut [u8]) {
-        if self == Format::Q6K {
-            for (r, block) in stored.iter().enumerate() {
-                out[2 * r..2 * r + 2].copy_from_slice(&block[208..210]);
-                for (s, scale) in block[192..208].iter().enumerate() {
-                    out[16 + 8 * s + r] = *scale;
-                }
-                let values = q6k_values(block).map(|v| v as u8);
-                for k in 0..64 {
-                    out[144 + 32 * k + 4 * r..][..4].copy_from_slice(&values[4 * k..4 * k + 4]);
-                }
-            }
-            return;
-        }
         let (fields, values) = match self {
-            Format::Q6K => unreachable!("laid out above"),
+            Format::Q6K => return interleave_q6k_block(stored, out),
             Format::Q4_1 => (2, &stored.map(|block| &block[4..])),
             Format::Q8_0 => (1, &stored.map(|block| &block[2..])),
             Format::Q4K => (2, &stored.map(|block| &block[16..])),
@@ -178,6 +165,20 @@ impl Format {
     }
 }
 
+/// [`Format::interleave_block`] for Q6_K, whose values are unpacked first.
+fn interleave_q6k_block(stored: [&[u8]; GROUP], out: &mut [u8]) {
+    for (r, block) in stored.iter().enumerate() {
+        out[2 * r..2 * r + 2].copy_from_slice(&block[208..210]);
+        for (s, scale) in block[192..208].iter().enumerate() {
+            out[16 + 8 * s + r] = *scale;
+        }
+        let values = q6k_values(block).map(|v| v as u8);
+        for k in 0..64 {
+            out[144 + 32 * k + 4 * r..][..4].copy_from_slice(&values[4 * k..4 * k + 4]);
+        }
+    }
+}
+
 /// The 256 values of a stored Q6_K block, `w - 32`, in order. Each half of
 /// 128 values has 64 bytes of low four bits (the first 32 bytes hold its
 /// quarters 0 and 2 in their low and high nibbles, the next 32 quarters 1
@@ -228,7 +229,8 @@ impl Instructions {
     }
 }
 
-/// A Q4_1 or Q8_0 weight `(rows, width)` on the CPU, its rows interleaved in groups.
+/// A Q4_1, Q8_0, Q4_K or Q6_K weight `(rows, width)` on the CPU, its rows
+/// interleaved in groups.
 #[derive(Debug, Clone)]
 pub(crate) struct InterleavedMatmul {
     /// Group after group of [`GROUP`] rows, each group block after block.
@@ -240,8 +242,9 @@ pub(crate) struct InterleavedMatmul {
 }
 
 impl InterleavedMatmul {
-    /// `None` unless `weight` is a CPU Q4_1 or Q8_0 matrix whose rows come
-    /// in whole groups and this CPU has the AVX2, FMA and F16C the kernel needs.
+    /// `None` unless `weight` is a CPU matrix in one of the [`Format`]s whose
+    /// rows come in whole groups and this CPU has the AVX2, FMA and F16C the
+    /// kernel needs.
     pub(crate) fn new(weight: &QTensor) -> Option<Self> {
         let &[rows, width] = weight.shape().dims() else {
             return None;

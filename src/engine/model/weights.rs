@@ -344,14 +344,12 @@ impl Linear {
         let (weight, dense) = match stored {
             Stored::Dense(tensor) => (DecodeWeight::Candle(QMatMul::Tensor(tensor)), None),
             Stored::Quantized(tensor) => {
-                let dense = match prefill {
-                    PrefillWeights::Dense if device.is_cpu() => Some(tensor.dequantize(device)?),
-                    _ => None,
-                };
-                match decode_weight(tensor, device)? {
-                    weight @ DecodeWeight::Interleaved(_) => (weight, None),
-                    weight => (weight, dense),
-                }
+                let weight = decode_weight(Arc::clone(&tensor), device)?;
+                let wants_copy = matches!(weight, DecodeWeight::Candle(_))
+                    && prefill == PrefillWeights::Dense
+                    && device.is_cpu();
+                let dense = wants_copy.then(|| tensor.dequantize(device)).transpose()?;
+                (weight, dense)
             }
         };
         Ok(Linear {
@@ -436,8 +434,7 @@ impl Embedding {
 
 /// The quantized weight that single-token steps multiply with: reordered for
 /// [`InterleavedMatmul`] when it reads the type, as stored when candle has a
-/// fast CPU kernel for it, else re-quantized to Q8_0 (which re-quantizes to
-/// itself, so the kernel's copy costs no precision where it is Q8_0 already).
+/// fast CPU kernel for it, else re-quantized to Q8_0 for one of the two.
 fn decode_weight(tensor: Arc<QTensor>, device: &Device) -> candle_core::Result<DecodeWeight> {
     if let Some(matmul) = InterleavedMatmul::new(&tensor) {
         return Ok(DecodeWeight::Interleaved(matmul));
