@@ -7,7 +7,9 @@
 //! take. For the K-quants of larger models candle's kernels keep a second,
 //! repacked copy of every weight and trailed llama.cpp's decode by 30-40%.
 //! As llama.cpp does, each input row is quantized to 8 bits in blocks of 32
-//! and multiplied with the weights in integer arithmetic.
+//! and multiplied with the weights in integer arithmetic. The input blocks
+//! that meet one K-quant block (256 values) share a scale, as llama.cpp's
+//! Q8_K inputs do, so that the block's sub-block sums add up in integers.
 //!
 //! The blocks of every eight weight rows are interleaved, four bytes of each
 //! row in turn, so that one 8-lane register holds four values of each of
@@ -28,7 +30,7 @@ const BLOCK: usize = 32;
 /// Weight rows whose blocks are interleaved.
 const GROUP: usize = 8;
 /// Input rows multiplied with one unpacked group block.
-const TILE: usize = 4;
+const TILE: usize = 8;
 
 /// A block format the kernel reads.
 ///
@@ -353,15 +355,17 @@ impl InterleavedMatmul {
         Tensor::from_vec(out, (1, seq, self.rows), &Device::Cpu)
     }
 
-    /// [`quantize`], in vector instructions where the kernels run.
+    /// [`quantize`], in vector instructions where the kernels run, with one
+    /// scale for the input blocks that meet one weight block.
     fn quantize(&self, row: &[f32], blocks: &mut [InputBlock]) {
+        let span = self.format.values();
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `new` checked this CPU for AVX2, FMA and F16C.
         unsafe {
-            kernel::quantize(row, blocks)
+            kernel::quantize(row, span, blocks)
         }
         #[cfg(not(target_arch = "x86_64"))]
-        quantize(row, blocks)
+        quantize(row, span, blocks)
     }
 
     /// `out[n * GROUP + r]` = row `r` of `group` times `inputs[n]`.
@@ -409,29 +413,31 @@ fn interleave(stored: &[u8], blocks: usize, format: Format) -> Vec<u8> {
 }
 
 /// One block of an input row in 8 bits: value `i` is about
-/// `scale * quants[i]`, and `sum` is `scale` times the sum of the quants.
+/// `scale * quants[i]`, and `total` is the sum of the quants.
 #[derive(Debug, Clone, Copy, Default)]
 struct InputBlock {
     scale: f32,
-    sum: f32,
+    total: i32,
     quants: [i8; BLOCK],
 }
 
-/// Quantize `row` to blocks, each scaled so that its largest magnitude is
-/// 127, rounding halves to even.
+/// Quantize `row` to blocks, rounding halves to even. The blocks of each
+/// `span` values share one scale, which makes their largest magnitude 127.
 #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
-fn quantize(row: &[f32], blocks: &mut [InputBlock]) {
-    for (values, block) in row.chunks_exact(BLOCK).zip(blocks) {
+fn quantize(row: &[f32], span: usize, blocks: &mut [InputBlock]) {
+    for (values, blocks) in row.chunks_exact(span).zip(blocks.chunks_exact_mut(span / BLOCK)) {
         let largest = values.iter().fold(0f32, |m, v| m.max(v.abs()));
         let scale = largest / 127.0;
         let inverse = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-        let mut total = 0i32;
-        for (quant, value) in block.quants.iter_mut().zip(values) {
-            *quant = (value * inverse).round_ties_even() as i8;
-            total += i32::from(*quant);
+        for (values, block) in values.chunks_exact(BLOCK).zip(blocks) {
+            let mut total = 0i32;
+            for (quant, value) in block.quants.iter_mut().zip(values) {
+                *quant = (value * inverse).round_ties_even() as i8;
+                total += i32::from(*quant);
+            }
+            block.scale = scale;
+            block.total = total;
         }
-        block.scale = scale;
-        block.sum = scale * total as f32;
     }
 }
 
@@ -456,6 +462,20 @@ mod kernel {
         _mm256_dpbusd_epi32(acc, weights, inputs)
     }
 
+    /// `acc` plus, in each 32-bit lane, the two products of the lane's
+    /// signed 16-bit halves in `a` and `b`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn dot_pairs_avx2(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512vnni,avx512vl")]
+    fn dot_pairs_vnni(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        _mm256_dpwssd_epi32(acc, a, b)
+    }
+
     /// Values `4k..4k+4` of an input block, in every lane.
     #[inline]
     #[target_feature(enable = "avx2")]
@@ -471,50 +491,47 @@ mod kernel {
 
     /// [`super::quantize`] with AVX2, to the same bits.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn quantize(row: &[f32], blocks: &mut [InputBlock]) {
+    pub(super) fn quantize(row: &[f32], span: usize, blocks: &mut [InputBlock]) {
         let magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
-        for (values, block) in row.chunks_exact(32).zip(blocks) {
-            // SAFETY: `values` holds 32 floats.
-            let v: [__m256; 4] =
-                std::array::from_fn(|i| unsafe { _mm256_loadu_ps(values[8 * i..].as_ptr()) });
-            let largest = _mm256_max_ps(
-                _mm256_max_ps(
-                    _mm256_and_ps(v[0], magnitude),
-                    _mm256_and_ps(v[1], magnitude),
-                ),
-                _mm256_max_ps(
-                    _mm256_and_ps(v[2], magnitude),
-                    _mm256_and_ps(v[3], magnitude),
-                ),
-            );
+        for (values, blocks) in row.chunks_exact(span).zip(blocks.chunks_exact_mut(span / 32)) {
+            let mut largest = _mm256_setzero_ps();
+            for eight in values.chunks_exact(8) {
+                // SAFETY: `eight` holds eight floats.
+                let v = unsafe { _mm256_loadu_ps(eight.as_ptr()) };
+                largest = _mm256_max_ps(largest, _mm256_and_ps(v, magnitude));
+            }
             let mut lanes = [0f32; 8];
             // SAFETY: `lanes` holds eight floats.
             unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), largest) };
             let scale = lanes.iter().fold(0f32, |m, v| m.max(*v)) / 127.0;
             let inverse = _mm256_set1_ps(if scale > 0.0 { 1.0 / scale } else { 0.0 });
-            let q: [__m256i; 4] = std::array::from_fn(|i| {
-                let scaled = _mm256_mul_ps(v[i], inverse);
-                _mm256_cvtps_epi32(_mm256_round_ps::<
-                    { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
-                >(scaled))
-            });
-            let total =
-                _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-            let mut totals = [0i32; 8];
-            // SAFETY: `totals` holds eight integers.
-            unsafe { _mm256_storeu_si256(totals.as_mut_ptr().cast(), total) };
-            // Packing works within 128-bit halves; the permutation puts the
-            // four groups of each half back in order.
-            let packed = _mm256_packs_epi16(
-                _mm256_packs_epi32(q[0], q[1]),
-                _mm256_packs_epi32(q[2], q[3]),
-            );
-            let ordered =
-                _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            // SAFETY: `quants` holds 32 bytes.
-            unsafe { _mm256_storeu_si256(block.quants.as_mut_ptr().cast(), ordered) };
-            block.scale = scale;
-            block.sum = scale * totals.iter().sum::<i32>() as f32;
+            for (values, block) in values.chunks_exact(32).zip(blocks) {
+                let q: [__m256i; 4] = std::array::from_fn(|i| {
+                    // SAFETY: `values` holds 32 floats.
+                    let v = unsafe { _mm256_loadu_ps(values[8 * i..].as_ptr()) };
+                    let scaled = _mm256_mul_ps(v, inverse);
+                    _mm256_cvtps_epi32(_mm256_round_ps::<
+                        { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+                    >(scaled))
+                });
+                let total =
+                    _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+                let mut totals = [0i32; 8];
+                // SAFETY: `totals` holds eight integers.
+                unsafe { _mm256_storeu_si256(totals.as_mut_ptr().cast(), total) };
+                // Packing works within 128-bit halves; the permutation puts
+                // the four groups of each half back in order.
+                let packed = _mm256_packs_epi16(
+                    _mm256_packs_epi32(q[0], q[1]),
+                    _mm256_packs_epi32(q[2], q[3]),
+                );
+                let ordered =
+                    _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                // SAFETY: `quants` holds 32 bytes.
+                unsafe { _mm256_storeu_si256(block.quants.as_mut_ptr().cast(), ordered) };
+                block.scale = scale;
+                block.total = totals.iter().sum();
+            }
         }
     }
 
@@ -558,6 +575,10 @@ mod kernel {
                     1 => $tile::<1>(group, inputs, out),
                     2 => $tile::<2>(group, inputs, out),
                     3 => $tile::<3>(group, inputs, out),
+                    4 => $tile::<4>(group, inputs, out),
+                    5 => $tile::<5>(group, inputs, out),
+                    6 => $tile::<6>(group, inputs, out),
+                    7 => $tile::<7>(group, inputs, out),
                     _ => $tile::<TILE>(group, inputs, out),
                 }
             }
@@ -571,14 +592,14 @@ mod kernel {
     /// The integer sums of a block are exact and each lane's floats add
     /// block after block, so a result does not depend on the tile's other rows.
     macro_rules! kernels {
-        ($features:literal, $dot_bytes:ident) => {
+        ($features:literal, $dot_bytes:ident, $dot_pairs:ident) => {
             use super::*;
 
             by_rows!(q4_1, q4_1_tile, $features);
 
-            /// Row `r` of a block contributes `d·s·Σ wᵢqᵢ + m·sum`, where
-            /// `wᵢ` are its 4-bit values, `d` and `m` its scale and minimum,
-            /// and `qᵢ`, `s` and `sum` the input block's.
+            /// Row `r` of a block contributes `d·s·Σ wᵢqᵢ + m·s·Σ qᵢ`,
+            /// where `wᵢ` are its 4-bit values, `d` and `m` its scale and
+            /// minimum, and `qᵢ` and `s` the input block's.
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn q4_1_tile<const N: usize>(
@@ -615,7 +636,8 @@ mod kernel {
                         let dots = _mm256_cvtepi32_ps(_mm256_add_epi32(first, second));
                         let scale = _mm256_mul_ps(scales, _mm256_set1_ps(input.scale));
                         sums[n] = _mm256_fmadd_ps(dots, scale, sums[n]);
-                        sums[n] = _mm256_fmadd_ps(minimums, _mm256_set1_ps(input.sum), sums[n]);
+                        let sum = _mm256_set1_ps(input.scale * input.total as f32);
+                        sums[n] = _mm256_fmadd_ps(minimums, sum, sums[n]);
                     }
                 }
                 store(sums, out);
@@ -668,10 +690,10 @@ mod kernel {
 
             by_rows!(q4k, q4k_tile, $features);
 
-            /// Row `r` of a block contributes `d·Σⱼ sⱼ·scⱼ·Σ wᵢqᵢ -
-            /// dmin·Σⱼ mⱼ·sumⱼ` over its sub-blocks `j`, whose input
-            /// blocks have scales `sⱼ` and sums `sumⱼ`. A sub-block's dot
-            /// products are multiplied by `scⱼ` while still integers.
+            /// Row `r` of a block contributes `d·s·Σⱼ scⱼ·Σ wᵢqᵢ -
+            /// dmin·s·Σⱼ mⱼ·Σ qᵢ` over its sub-blocks `j`, where the input
+            /// blocks of one weight block share their scale `s`. Both sums
+            /// over `j` are exact in integers; a block needs two floats.
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn q4k_tile<const N: usize>(
@@ -687,11 +709,9 @@ mod kernel {
                     .enumerate()
                 {
                     let at = block.as_ptr();
-                    let mut scaled = [_mm256_setzero_ps(); N];
-                    let mut minimums = [_mm256_setzero_ps(); N];
+                    let mut dots = [_mm256_setzero_si256(); N];
                     for j in 0..8 {
                         let scales = eight_bytes(at.add(32 + 8 * j));
-                        let mins = _mm256_cvtepi32_ps(eight_bytes(at.add(96 + 8 * j)));
                         let pair = at.add(160 + 256 * (j / 2));
                         let mut values = [_mm256_setzero_si256(); 8];
                         for (k, values) in values.iter_mut().enumerate() {
@@ -712,18 +732,32 @@ mod kernel {
                                 second =
                                     $dot_bytes(second, values[4 + k], four(&input.quants, 4 + k));
                             }
-                            let dots = _mm256_mullo_epi32(_mm256_add_epi32(first, second), scales);
-                            let dots = _mm256_cvtepi32_ps(dots);
-                            scaled[n] =
-                                _mm256_fmadd_ps(dots, _mm256_set1_ps(input.scale), scaled[n]);
-                            minimums[n] =
-                                _mm256_fmadd_ps(mins, _mm256_set1_ps(input.sum), minimums[n]);
+                            let dot = _mm256_mullo_epi32(_mm256_add_epi32(first, second), scales);
+                            dots[n] = _mm256_add_epi32(dots[n], dot);
+                        }
+                    }
+                    let mut minimums = [_mm256_setzero_si256(); N];
+                    for k in 0..4 {
+                        // Each row's minimums of sub-blocks 2k and 2k + 1,
+                        // as the two 16-bit halves of its lane.
+                        let mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(
+                            _mm_loadl_epi64(at.add(96 + 16 * k).cast()),
+                            _mm_loadl_epi64(at.add(104 + 16 * k).cast()),
+                        ));
+                        for n in 0..N {
+                            let (first, second) =
+                                (&inputs[n][8 * b + 2 * k], &inputs[n][8 * b + 2 * k + 1]);
+                            // A total is at most 32 · 127 in magnitude.
+                            let totals = (first.total & 0xFFFF) | (second.total << 16);
+                            minimums[n] = $dot_pairs(minimums[n], mins, _mm256_set1_epi32(totals));
                         }
                     }
                     let (d, dmin) = (eight_f16(at), eight_f16(at.add(16)));
                     for n in 0..N {
-                        sums[n] = _mm256_fmadd_ps(scaled[n], d, sums[n]);
-                        sums[n] = _mm256_fnmadd_ps(minimums[n], dmin, sums[n]);
+                        let scale = _mm256_set1_ps(inputs[n][8 * b].scale);
+                        let (d, dmin) = (_mm256_mul_ps(d, scale), _mm256_mul_ps(dmin, scale));
+                        sums[n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[n]), d, sums[n]);
+                        sums[n] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(minimums[n]), dmin, sums[n]);
                     }
                 }
                 store(sums, out);
@@ -731,10 +765,11 @@ mod kernel {
 
             by_rows!(q6k, q6k_tile, $features);
 
-            /// Row `r` of a block contributes `d·Σⱼ sⱼ·(sc₂ⱼ·Σ' wᵢqᵢ +
-            /// sc₂ⱼ₊₁·Σ'' wᵢqᵢ)` over its input blocks `j` of 32, whose halves
-            /// are sub-blocks with scales `sc`. As for Q8_0, the byte
-            /// multiply takes `|wᵢ|` with `qᵢ` carrying `wᵢ`'s sign.
+            /// Row `r` of a block contributes `d·s·Σⱼ (sc₂ⱼ·Σ' wᵢqᵢ +
+            /// sc₂ⱼ₊₁·Σ'' wᵢqᵢ)` over its input blocks `j` of 32, which share
+            /// their scale `s` and whose halves are sub-blocks with scales
+            /// `sc`; the sum over `j` is exact in integers. As for Q8_0, the
+            /// byte multiply takes `|wᵢ|` with `qᵢ` carrying `wᵢ`'s sign.
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn q6k_tile<const N: usize>(
@@ -749,7 +784,7 @@ mod kernel {
                     .enumerate()
                 {
                     let at = block.as_ptr();
-                    let mut scaled = [_mm256_setzero_ps(); N];
+                    let mut dots = [_mm256_setzero_si256(); N];
                     for j in 0..8 {
                         let first_scales = eight_signed_bytes(at.add(16 + 16 * j));
                         let second_scales = eight_signed_bytes(at.add(24 + 16 * j));
@@ -770,18 +805,17 @@ mod kernel {
                                     _mm256_sign_epi8(four(&input.quants, 4 + k), signed[4 + k]);
                                 second = $dot_bytes(second, magnitudes[4 + k], quants);
                             }
-                            let dots = _mm256_add_epi32(
+                            let dot = _mm256_add_epi32(
                                 _mm256_mullo_epi32(first, first_scales),
                                 _mm256_mullo_epi32(second, second_scales),
                             );
-                            let dots = _mm256_cvtepi32_ps(dots);
-                            scaled[n] =
-                                _mm256_fmadd_ps(dots, _mm256_set1_ps(input.scale), scaled[n]);
+                            dots[n] = _mm256_add_epi32(dots[n], dot);
                         }
                     }
                     let d = eight_f16(at);
                     for n in 0..N {
-                        sums[n] = _mm256_fmadd_ps(scaled[n], d, sums[n]);
+                        let d = _mm256_mul_ps(d, _mm256_set1_ps(inputs[n][8 * b].scale));
+                        sums[n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[n]), d, sums[n]);
                     }
                 }
                 store(sums, out);
@@ -790,11 +824,11 @@ mod kernel {
     }
 
     pub(super) mod avx2 {
-        kernels!("avx2,fma,f16c", dot_bytes_avx2);
+        kernels!("avx2,fma,f16c", dot_bytes_avx2, dot_pairs_avx2);
     }
 
     pub(super) mod vnni {
-        kernels!("avx2,fma,f16c,avx512vnni,avx512vl", dot_bytes_vnni);
+        kernels!("avx2,fma,f16c,avx512vnni,avx512vl", dot_bytes_vnni, dot_pairs_vnni);
     }
 }
 
@@ -835,7 +869,7 @@ mod tests {
         let mut out = Vec::new();
         for row in values(x).chunks_exact(width) {
             let mut quantized = vec![InputBlock::default(); width / BLOCK];
-            quantize(row, &mut quantized);
+            quantize(row, format.values(), &mut quantized);
             let row_bytes = width / format.values() * format.block_bytes();
             for w in data.chunks_exact(row_bytes).take(rows) {
                 let mut sum = 0f64;
@@ -862,7 +896,8 @@ mod tests {
                         i32::from(byte & 0x0F) * q(j) + i32::from(byte >> 4) * q(j + 16)
                     })
                     .sum();
-                f16_at(block, 0) * scale * f64::from(dot) + f16_at(block, 2) * f64::from(input.sum)
+                f16_at(block, 0) * scale * f64::from(dot)
+                    + f16_at(block, 2) * scale * f64::from(input.total)
             }
             Format::Q8_0 => {
                 let dot: i32 = (0..32).map(|j| i32::from(block[2 + j] as i8) * q(j)).sum();
@@ -894,7 +929,10 @@ mod tests {
                         })
                         .sum();
                     f16_at(block, 0) * f64::from(sc) * f64::from(input.scale) * f64::from(dot)
-                        - f16_at(block, 2) * f64::from(m) * f64::from(input.sum)
+                        - f16_at(block, 2)
+                            * f64::from(m)
+                            * f64::from(input.scale)
+                            * f64::from(input.total)
                 })
                 .sum(),
         }
@@ -913,7 +951,7 @@ mod tests {
                 return; // a CPU without AVX2 never builds this matmul
             };
             // 1, a whole tile, and a tile and a part.
-            for seq in [1, 4, 6] {
+            for seq in [1, 8, 11] {
                 let x = inputs(seq, width);
                 let expected = reference(&stored, &x);
                 for matmul in [matmul.clone(), matmul.with_avx2()] {
@@ -933,26 +971,33 @@ mod tests {
 
     #[test]
     fn vector_quantization_gives_the_bits_of_the_portable_one() {
-        let Some(matmul) = InterleavedMatmul::new(&weight(8, 128, GgmlDType::Q4_1)) else {
-            return;
-        };
-        let mut row = values(&inputs(1, 128));
+        let mut row = values(&inputs(1, 512));
         row[40] = 0.0;
-        row[64..96].fill(0.0); // a block of zeros has no scale
-                               // A block whose scale is 1, with values halfway between two quants.
+        row[64..96].fill(0.0); // a block of zeros
+        // A block whose scale is 1, with values halfway between two quants.
         row[96..99].copy_from_slice(&[127.0, 2.5, -3.5]);
         row[99..128].fill(0.25);
-        let (mut portable, mut vector) = (
-            vec![InputBlock::default(); 4],
-            vec![InputBlock::default(); 4],
-        );
-        quantize(&row, &mut portable);
-        matmul.quantize(&row, &mut vector);
-        assert_eq!(portable[3].quants[..3], [127, 2, -4]);
-        for (p, v) in portable.iter().zip(&vector) {
-            assert_eq!(p.quants, v.quants);
-            assert_eq!(p.scale.to_bits(), v.scale.to_bits());
-            assert_eq!(p.sum.to_bits(), v.sum.to_bits());
+        row[256..].fill(0.0); // a span of zeros has no scale
+        // Q4_1 inputs have a scale per block, Q4_K ones per eight blocks.
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q4K] {
+            let Some(matmul) = InterleavedMatmul::new(&weight(8, 512, dtype)) else {
+                return;
+            };
+            let (mut portable, mut vector) = (
+                vec![InputBlock::default(); 16],
+                vec![InputBlock::default(); 16],
+            );
+            quantize(&row, matmul.format.values(), &mut portable);
+            matmul.quantize(&row, &mut vector);
+            assert_eq!(portable[3].quants[..3], [127, 2, -4]);
+            assert_eq!(portable[15].scale, 0.0);
+            for (p, v) in portable.iter().zip(&vector) {
+                assert_eq!(p.quants, v.quants);
+                assert_eq!(p.scale.to_bits(), v.scale.to_bits());
+                assert_eq!(p.total, v.total);
+            }
+            let shared = portable[..8].iter().all(|b| b.scale == portable[0].scale);
+            assert_eq!(shared, dtype == GgmlDType::Q4K, "{dtype:?}");
         }
     }
 
