@@ -6,6 +6,7 @@
 //! [`Engine::set_cache_slots`] allows more), keeps that part of the cache and
 //! computes only the rest. Every call reports what it cost as a [`Usage`].
 
+pub mod allocator;
 mod batch;
 pub mod cache_slots;
 pub mod chat;
