@@ -22,8 +22,8 @@
 //! 3% larger for Q4_K (unpacked scales), 30% larger for Q6_K (a byte per value).
 
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{DType, Device, Result, Tensor};
-use std::sync::{Arc, Mutex, PoisonError};
+use candle_core::{DType, Device, Result, Storage, Tensor};
+use std::sync::Arc;
 
 /// Values per block, in weights and inputs alike.
 const BLOCK: usize = 32;
@@ -304,7 +304,12 @@ impl InterleavedMatmul {
                 self.width
             );
         }
-        let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let x = x.to_dtype(DType::F32)?.contiguous()?;
+        let (storage, layout) = x.storage_and_layout();
+        let Storage::Cpu(storage) = &*storage else {
+            candle_core::bail!("a {:?} matmul reads CPU tensors only", self.format);
+        };
+        let values = &storage.as_slice::<f32>()?[layout.start_offset()..][..seq * width];
         let blocks = width / BLOCK;
         let mut inputs = vec![InputBlock::default(); seq * blocks];
         for (row, quantized) in values
@@ -316,42 +321,28 @@ impl InterleavedMatmul {
         let inputs: Vec<&[InputBlock]> = inputs.chunks_exact(blocks).collect();
         let groups = self.rows / GROUP;
         let group_bytes = width / self.format.values() * self.format.group_block_bytes();
-        // Groups are split among the cores in runs; a group's results are
-        // `(seq, GROUP)`, and each run writes through its own lock.
+        let mut out = vec![0f32; seq * self.rows];
+        let output = Output(out.as_mut_ptr());
+        // Groups are split among the cores in runs, and each run writes the
+        // columns of its own groups.
         let run = groups.div_ceil(32);
-        let mut by_group = vec![0f32; self.rows * seq];
-        let runs: Vec<Mutex<&mut [f32]>> = by_group
-            .chunks_mut(run * seq * GROUP)
-            .map(Mutex::new)
-            .collect();
-        candle_core::utils::barrier_pool().execute_chunked(runs.len(), |indices| {
+        candle_core::utils::barrier_pool().execute_chunked(groups.div_ceil(run), |indices| {
+            let mut tile_out = [0f32; TILE * GROUP];
             for index in indices {
-                // Each run has one writer, so its lock is never contended
-                // and can only be poisoned by a panic candle re-raises.
-                let mut out = runs[index].lock().unwrap_or_else(PoisonError::into_inner);
-                let first = index * run;
-                for (offset, out) in out.chunks_exact_mut(seq * GROUP).enumerate() {
-                    let at = (first + offset) * group_bytes;
+                for g in index * run..groups.min((index + 1) * run) {
+                    let at = g * group_bytes;
                     let group = &self.interleaved[at..at + group_bytes];
-                    for (tile, out) in inputs.chunks(TILE).zip(out.chunks_mut(TILE * GROUP)) {
-                        self.dot_group(group, tile, out);
+                    for (t, tile) in inputs.chunks(TILE).enumerate() {
+                        self.dot_group(group, tile, &mut tile_out);
+                        for (n, sums) in tile_out.chunks_exact(GROUP).take(tile.len()).enumerate() {
+                            // SAFETY: `(t·TILE + n, g)` is inside `out`, and
+                            // group `g` belongs to this run alone.
+                            unsafe { output.write((t * TILE + n) * self.rows + g * GROUP, sums) };
+                        }
                     }
                 }
             }
         });
-        drop(runs);
-        let out = if seq == 1 {
-            by_group
-        } else {
-            let mut by_input_row = vec![0f32; seq * self.rows];
-            for (g, group) in by_group.chunks_exact(seq * GROUP).enumerate() {
-                for (n, values) in group.chunks_exact(GROUP).enumerate() {
-                    let at = n * self.rows + g * GROUP;
-                    by_input_row[at..at + GROUP].copy_from_slice(values);
-                }
-            }
-            by_input_row
-        };
         Tensor::from_vec(out, (1, seq, self.rows), &Device::Cpu)
     }
 
@@ -393,6 +384,26 @@ impl InterleavedMatmul {
     }
 }
 
+/// A matmul's `(seq, rows)` output, which the pool's workers fill at
+/// disjoint places: each writes the columns of its own groups.
+struct Output(*mut f32);
+
+// SAFETY: workers write through the pointer only at places no other worker
+// writes, and the buffer outlives the pool's work.
+unsafe impl Sync for Output {}
+
+impl Output {
+    /// Copy `values` to `at`.
+    ///
+    /// # Safety
+    /// `at..at + values.len()` lies inside the buffer, and no other thread
+    /// touches it meanwhile.
+    unsafe fn write(&self, at: usize, values: &[f32]) {
+        // SAFETY: as the caller promises.
+        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), self.0.add(at), values.len()) };
+    }
+}
+
 /// The stored rows of a matrix in `format`, `blocks` blocks each, with every
 /// [`GROUP`] rows interleaved block by block as [`Format`] describes.
 fn interleave(stored: &[u8], blocks: usize, format: Format) -> Vec<u8> {
@@ -425,7 +436,10 @@ struct InputBlock {
 /// `span` values share one scale, which makes their largest magnitude 127.
 #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
 fn quantize(row: &[f32], span: usize, blocks: &mut [InputBlock]) {
-    for (values, blocks) in row.chunks_exact(span).zip(blocks.chunks_exact_mut(span / BLOCK)) {
+    for (values, blocks) in row
+        .chunks_exact(span)
+        .zip(blocks.chunks_exact_mut(span / BLOCK))
+    {
         let largest = values.iter().fold(0f32, |m, v| m.max(v.abs()));
         let scale = largest / 127.0;
         let inverse = if scale > 0.0 { 1.0 / scale } else { 0.0 };
@@ -493,7 +507,10 @@ mod kernel {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn quantize(row: &[f32], span: usize, blocks: &mut [InputBlock]) {
         let magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
-        for (values, blocks) in row.chunks_exact(span).zip(blocks.chunks_exact_mut(span / 32)) {
+        for (values, blocks) in row
+            .chunks_exact(span)
+            .zip(blocks.chunks_exact_mut(span / 32))
+        {
             let mut largest = _mm256_setzero_ps();
             for eight in values.chunks_exact(8) {
                 // SAFETY: `eight` holds eight floats.
@@ -828,7 +845,11 @@ mod kernel {
     }
 
     pub(super) mod vnni {
-        kernels!("avx2,fma,f16c,avx512vnni,avx512vl", dot_bytes_vnni, dot_pairs_vnni);
+        kernels!(
+            "avx2,fma,f16c,avx512vnni,avx512vl",
+            dot_bytes_vnni,
+            dot_pairs_vnni
+        );
     }
 }
 
@@ -974,11 +995,11 @@ mod tests {
         let mut row = values(&inputs(1, 512));
         row[40] = 0.0;
         row[64..96].fill(0.0); // a block of zeros
-        // A block whose scale is 1, with values halfway between two quants.
+                               // A block whose scale is 1, with values halfway between two quants.
         row[96..99].copy_from_slice(&[127.0, 2.5, -3.5]);
         row[99..128].fill(0.25);
         row[256..].fill(0.0); // a span of zeros has no scale
-        // Q4_1 inputs have a scale per block, Q4_K ones per eight blocks.
+                              // Q4_1 inputs have a scale per block, Q4_K ones per eight blocks.
         for dtype in [GgmlDType::Q4_1, GgmlDType::Q4K] {
             let Some(matmul) = InterleavedMatmul::new(&weight(8, 512, dtype)) else {
                 return;
