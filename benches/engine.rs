@@ -15,6 +15,7 @@ use prism::models::{resolve, DEFAULT_MODEL};
 use std::time::{Duration, Instant};
 
 fn load() -> Option<Engine> {
+    prism::engine::allocator::reuse_freed_buffers();
     match resolve(DEFAULT_MODEL).and_then(|source| Engine::load(&source, &LoadOptions::default())) {
         Ok(engine) => Some(engine),
         Err(err) => {
