@@ -18,8 +18,8 @@
 //! a row-by-row layout needs a float conversion, a scaling and a horizontal
 //! sum per row. The same kernel serves prompts and decode steps, and one
 //! input row's results do not depend on the rows multiplied beside it. The
-//! reordered copy replaces the file's bytes: the same size for Q4_1 and Q8_0,
-//! 3% larger for Q4_K (unpacked scales), 30% larger for Q6_K (a byte per value).
+//! reordered copy replaces the file's bytes: the same size for Q4_1, Q8_0 and
+//! Q6_K, 3% larger for Q4_K (unpacked scales).
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Result, Storage, Tensor};
@@ -53,8 +53,9 @@ enum Format {
     Q4K,
     /// 256 6-bit values in sixteen sub-blocks of 16, each with a signed
     /// 8-bit scale `sc`, and a scale `d`: value = `d·sc·(w - 32)`. A group
-    /// block keeps `d`, the scales sub-block by sub-block, then each value
-    /// unpacked as the signed byte `w - 32`, like Q8_0's.
+    /// block keeps `d`, the scales sub-block by sub-block, then the low four
+    /// bits of the values as Q4_K keeps its values (two blocks of 32 per run
+    /// of 256 bytes), then their top two bits, four blocks of 32 per run.
     Q6K,
 }
 
@@ -92,8 +93,8 @@ impl Format {
             Format::Q4_1 | Format::Q8_0 => GROUP * self.block_bytes(),
             // d, dmin, the unpacked scales and minimums, the values.
             Format::Q4K => GROUP * (2 + 2 + 8 + 8 + 128),
-            // d, the scales, the values a byte each.
-            Format::Q6K => GROUP * (2 + 16 + 256),
+            // d, the scales, the low four bits, the top two bits.
+            Format::Q6K => GROUP * (2 + 16 + 128 + 64),
         }
     }
 
@@ -145,7 +146,11 @@ impl Format {
             Format::Q8_0 => out.extend((0..32).map(|i| d * f32::from(values_at(1, 0, i) as i8))),
             Format::Q6K => out.extend((0..256).map(|i| {
                 let scale = block[16 + 8 * (i / 16) + r] as i8;
-                d * f32::from(scale) * f32::from(values_at(0, 144, i) as i8)
+                let (j, at) = (i / 32, 32 * (i % 32 / 4) + 4 * r + i % 4);
+                let low = block[Q6K_LOW + 256 * (j / 2) + at] >> (4 * (j % 2));
+                let top = block[Q6K_TOP + 256 * (j / 4) + at] >> (2 * (j % 4));
+                let w = (low & 0x0F) | ((top & 3) << 4);
+                d * f32::from(scale) * f32::from(w as i8 - 32)
             })),
             Format::Q4K => {
                 let dmin = f16_at(16 + 2 * r);
@@ -167,16 +172,26 @@ impl Format {
     }
 }
 
-/// [`Format::interleave_block`] for Q6_K, whose values are unpacked first.
+/// Where a Q6_K group block's low four bits start, and its top two bits.
+const Q6K_LOW: usize = 16 + 128;
+const Q6K_TOP: usize = Q6K_LOW + 1024;
+
+/// [`Format::interleave_block`] for Q6_K. Value `4k + i` of input block `j`
+/// of row `r` (`i` < 4) keeps its low bits in byte `32k + 4r + i` of run
+/// `j / 2` (the high nibble for odd `j`) and its top bits in the same byte
+/// of run `j / 4` of the top bits, at bit `2 · (j % 4)`.
 fn interleave_q6k_block(stored: [&[u8]; GROUP], out: &mut [u8]) {
+    out[Q6K_LOW..].fill(0);
     for (r, block) in stored.iter().enumerate() {
         out[2 * r..2 * r + 2].copy_from_slice(&block[208..210]);
         for (s, scale) in block[192..208].iter().enumerate() {
             out[16 + 8 * s + r] = *scale;
         }
-        let values = q6k_values(block).map(|v| v as u8);
-        for k in 0..64 {
-            out[144 + 32 * k + 4 * r..][..4].copy_from_slice(&values[4 * k..4 * k + 4]);
+        for (v, value) in q6k_values(block).iter().enumerate() {
+            let w = (value + 32) as u8;
+            let (j, at) = (v / 32, 32 * (v % 32 / 4) + 4 * r + v % 4);
+            out[Q6K_LOW + 256 * (j / 2) + at] |= (w & 0x0F) << (4 * (j % 2));
+            out[Q6K_TOP + 256 * (j / 4) + at] |= (w >> 4) << (2 * (j % 4));
         }
     }
 }
@@ -424,12 +439,24 @@ fn interleave(stored: &[u8], blocks: usize, format: Format) -> Vec<u8> {
 }
 
 /// One block of an input row in 8 bits: value `i` is about
-/// `scale * quants[i]`, and `total` is the sum of the quants.
+/// `scale * quants[i]`, and `halves` are the sums of quants 0-15 and 16-31.
 #[derive(Debug, Clone, Copy, Default)]
 struct InputBlock {
     scale: f32,
-    total: i32,
+    halves: [i16; 2],
     quants: [i8; BLOCK],
+}
+
+impl InputBlock {
+    /// The sum of the quants.
+    fn total(&self) -> i32 {
+        i32::from(self.halves[0]) + i32::from(self.halves[1])
+    }
+
+    /// The halves' sums as the two 16-bit halves of one integer, low first.
+    fn halves_paired(&self) -> i32 {
+        i32::from(self.halves[0] as u16) | (i32::from(self.halves[1]) << 16)
+    }
 }
 
 /// Quantize `row` to blocks, rounding halves to even. The blocks of each
@@ -444,20 +471,19 @@ fn quantize(row: &[f32], span: usize, blocks: &mut [InputBlock]) {
         let scale = largest / 127.0;
         let inverse = if scale > 0.0 { 1.0 / scale } else { 0.0 };
         for (values, block) in values.chunks_exact(BLOCK).zip(blocks) {
-            let mut total = 0i32;
-            for (quant, value) in block.quants.iter_mut().zip(values) {
+            block.halves = [0; 2];
+            for (i, (quant, value)) in block.quants.iter_mut().zip(values).enumerate() {
                 *quant = (value * inverse).round_ties_even() as i8;
-                total += i32::from(*quant);
+                block.halves[i / 16] += i16::from(*quant);
             }
             block.scale = scale;
-            block.total = total;
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
-    use super::{Format, InputBlock, GROUP, TILE};
+    use super::{Format, InputBlock, GROUP, Q6K_LOW, Q6K_TOP, TILE};
     use std::arch::x86_64::*;
 
     /// `acc` plus, in each 32-bit lane, the four products of `weights`'
@@ -531,11 +557,13 @@ mod kernel {
                         { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
                     >(scaled))
                 });
-                let total =
-                    _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-                let mut totals = [0i32; 8];
-                // SAFETY: `totals` holds eight integers.
-                unsafe { _mm256_storeu_si256(totals.as_mut_ptr().cast(), total) };
+                let mut halves = [0i32; 16];
+                // SAFETY: `halves` holds sixteen integers.
+                unsafe {
+                    let at = halves.as_mut_ptr();
+                    _mm256_storeu_si256(at.cast(), _mm256_add_epi32(q[0], q[1]));
+                    _mm256_storeu_si256(at.add(8).cast(), _mm256_add_epi32(q[2], q[3]));
+                }
                 // Packing works within 128-bit halves; the permutation puts
                 // the four groups of each half back in order.
                 let packed = _mm256_packs_epi16(
@@ -547,7 +575,8 @@ mod kernel {
                 // SAFETY: `quants` holds 32 bytes.
                 unsafe { _mm256_storeu_si256(block.quants.as_mut_ptr().cast(), ordered) };
                 block.scale = scale;
-                block.total = totals.iter().sum();
+                // A half's sum is at most 16 · 127 in magnitude.
+                block.halves = [0, 1].map(|h| halves[8 * h..8 * h + 8].iter().sum::<i32>() as i16);
             }
         }
     }
@@ -653,7 +682,7 @@ mod kernel {
                         let dots = _mm256_cvtepi32_ps(_mm256_add_epi32(first, second));
                         let scale = _mm256_mul_ps(scales, _mm256_set1_ps(input.scale));
                         sums[n] = _mm256_fmadd_ps(dots, scale, sums[n]);
-                        let sum = _mm256_set1_ps(input.scale * input.total as f32);
+                        let sum = _mm256_set1_ps(input.scale * input.total() as f32);
                         sums[n] = _mm256_fmadd_ps(minimums, sum, sums[n]);
                     }
                 }
@@ -765,7 +794,7 @@ mod kernel {
                             let (first, second) =
                                 (&inputs[n][8 * b + 2 * k], &inputs[n][8 * b + 2 * k + 1]);
                             // A total is at most 32 · 127 in magnitude.
-                            let totals = (first.total & 0xFFFF) | (second.total << 16);
+                            let totals = (first.total() & 0xFFFF) | (second.total() << 16);
                             minimums[n] = $dot_pairs(minimums[n], mins, _mm256_set1_epi32(totals));
                         }
                     }
@@ -782,11 +811,12 @@ mod kernel {
 
             by_rows!(q6k, q6k_tile, $features);
 
-            /// Row `r` of a block contributes `d·s·Σⱼ (sc₂ⱼ·Σ' wᵢqᵢ +
-            /// sc₂ⱼ₊₁·Σ'' wᵢqᵢ)` over its input blocks `j` of 32, which share
-            /// their scale `s` and whose halves are sub-blocks with scales
-            /// `sc`; the sum over `j` is exact in integers. As for Q8_0, the
-            /// byte multiply takes `|wᵢ|` with `qᵢ` carrying `wᵢ`'s sign.
+            /// Row `r` of a block contributes `d·s·Σⱼ (sc₂ⱼ·Σ' (wᵢ - 32)qᵢ +
+            /// sc₂ⱼ₊₁·Σ'' (wᵢ - 32)qᵢ)` over its input blocks `j` of 32, which
+            /// share their scale `s` and whose halves are sub-blocks with
+            /// scales `sc`. The unsigned `wᵢ` go into the byte multiply as
+            /// they are, and `32·Σ sc·Σ qᵢ` comes off once per block, from
+            /// the inputs' half sums; both sums are exact in integers.
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn q6k_tile<const N: usize>(
@@ -795,6 +825,7 @@ mod kernel {
                 out: &mut [f32],
             ) {
                 let inputs: &[&[InputBlock]; N] = inputs.try_into().expect("N input rows");
+                let (nibbles, top_bits) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
                 let mut sums = [_mm256_setzero_ps(); N];
                 for (b, block) in group
                     .chunks_exact(Format::Q6K.group_block_bytes())
@@ -802,37 +833,63 @@ mod kernel {
                 {
                     let at = block.as_ptr();
                     let mut dots = [_mm256_setzero_si256(); N];
+                    let mut offsets = [_mm256_setzero_si256(); N];
                     for j in 0..8 {
                         let first_scales = eight_signed_bytes(at.add(16 + 16 * j));
                         let second_scales = eight_signed_bytes(at.add(24 + 16 * j));
-                        let mut signed = [_mm256_setzero_si256(); 8];
-                        let mut magnitudes = [_mm256_setzero_si256(); 8];
-                        for k in 0..8 {
-                            signed[k] = _mm256_loadu_si256(at.add(144 + 256 * j + 32 * k).cast());
-                            magnitudes[k] = _mm256_sign_epi8(signed[k], signed[k]);
+                        // Each row's two scales as the 16-bit halves of its lane.
+                        let paired_scales = _mm256_or_si256(
+                            _mm256_and_si256(first_scales, _mm256_set1_epi32(0xFFFF)),
+                            _mm256_slli_epi32::<16>(second_scales),
+                        );
+                        let (low, top) = (
+                            at.add(Q6K_LOW + 256 * (j / 2)),
+                            at.add(Q6K_TOP + 256 * (j / 4)),
+                        );
+                        let mut values = [_mm256_setzero_si256(); 8];
+                        for (k, values) in values.iter_mut().enumerate() {
+                            let packed = _mm256_loadu_si256(low.add(32 * k).cast());
+                            let packed = if j % 2 == 0 {
+                                packed
+                            } else {
+                                _mm256_srli_epi16::<4>(packed)
+                            };
+                            // The top two bits moved to bits 4 and 5.
+                            let high = _mm256_loadu_si256(top.add(32 * k).cast());
+                            let high = match j % 4 {
+                                0 => _mm256_slli_epi16::<4>(high),
+                                1 => _mm256_slli_epi16::<2>(high),
+                                2 => high,
+                                _ => _mm256_srli_epi16::<2>(high),
+                            };
+                            *values = _mm256_or_si256(
+                                _mm256_and_si256(packed, nibbles),
+                                _mm256_and_si256(high, top_bits),
+                            );
                         }
                         for n in 0..N {
                             let input = &inputs[n][8 * b + j];
                             let mut first = _mm256_setzero_si256();
                             let mut second = _mm256_setzero_si256();
                             for k in 0..4 {
-                                let quants = _mm256_sign_epi8(four(&input.quants, k), signed[k]);
-                                first = $dot_bytes(first, magnitudes[k], quants);
-                                let quants =
-                                    _mm256_sign_epi8(four(&input.quants, 4 + k), signed[4 + k]);
-                                second = $dot_bytes(second, magnitudes[4 + k], quants);
+                                first = $dot_bytes(first, values[k], four(&input.quants, k));
+                                second =
+                                    $dot_bytes(second, values[4 + k], four(&input.quants, 4 + k));
                             }
                             let dot = _mm256_add_epi32(
                                 _mm256_mullo_epi32(first, first_scales),
                                 _mm256_mullo_epi32(second, second_scales),
                             );
                             dots[n] = _mm256_add_epi32(dots[n], dot);
+                            let halves = _mm256_set1_epi32(input.halves_paired());
+                            offsets[n] = $dot_pairs(offsets[n], paired_scales, halves);
                         }
                     }
                     let d = eight_f16(at);
                     for n in 0..N {
+                        let dots = _mm256_sub_epi32(dots[n], _mm256_slli_epi32::<5>(offsets[n]));
                         let d = _mm256_mul_ps(d, _mm256_set1_ps(inputs[n][8 * b].scale));
-                        sums[n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[n]), d, sums[n]);
+                        sums[n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), d, sums[n]);
                     }
                 }
                 store(sums, out);
@@ -918,7 +975,7 @@ mod tests {
                     })
                     .sum();
                 f16_at(block, 0) * scale * f64::from(dot)
-                    + f16_at(block, 2) * scale * f64::from(input.total)
+                    + f16_at(block, 2) * scale * f64::from(input.total())
             }
             Format::Q8_0 => {
                 let dot: i32 = (0..32).map(|j| i32::from(block[2 + j] as i8) * q(j)).sum();
@@ -953,7 +1010,7 @@ mod tests {
                         - f16_at(block, 2)
                             * f64::from(m)
                             * f64::from(input.scale)
-                            * f64::from(input.total)
+                            * f64::from(input.total())
                 })
                 .sum(),
         }
@@ -1015,7 +1072,7 @@ mod tests {
             for (p, v) in portable.iter().zip(&vector) {
                 assert_eq!(p.quants, v.quants);
                 assert_eq!(p.scale.to_bits(), v.scale.to_bits());
-                assert_eq!(p.total, v.total);
+                assert_eq!(p.halves, v.halves);
             }
             let shared = portable[..8].iter().all(|b| b.scale == portable[0].scale);
             assert_eq!(shared, dtype == GgmlDType::Q4K, "{dtype:?}");
