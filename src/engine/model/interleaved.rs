@@ -602,6 +602,24 @@ mod kernel {
         _mm256_cvtepi8_epi32(_mm_loadl_epi64(at.cast()))
     }
 
+    /// The 4-bit values of input block `j` from the 256 bytes at `pair`,
+    /// which hold blocks `j` and `j ^ 1` in the low and high nibbles.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn block_nibbles(pair: *const u8, j: usize) -> [__m256i; 8] {
+        let nibbles = _mm256_set1_epi8(0x0F);
+        std::array::from_fn(|k| {
+            // SAFETY: the caller's 256 bytes hold eight runs of 32.
+            let packed = unsafe { _mm256_loadu_si256(pair.add(32 * k).cast()) };
+            let packed = if j.is_multiple_of(2) {
+                packed
+            } else {
+                _mm256_srli_epi16::<4>(packed)
+            };
+            _mm256_and_si256(packed, nibbles)
+        })
+    }
+
     /// Stores each input row's eight sums in `out`.
     #[inline]
     #[target_feature(enable = "avx2")]
@@ -748,7 +766,6 @@ mod kernel {
                 out: &mut [f32],
             ) {
                 let inputs: &[&[InputBlock]; N] = inputs.try_into().expect("N input rows");
-                let nibbles = _mm256_set1_epi8(0x0F);
                 let mut sums = [_mm256_setzero_ps(); N];
                 for (b, block) in group
                     .chunks_exact(Format::Q4K.group_block_bytes())
@@ -758,17 +775,7 @@ mod kernel {
                     let mut dots = [_mm256_setzero_si256(); N];
                     for j in 0..8 {
                         let scales = eight_bytes(at.add(32 + 8 * j));
-                        let pair = at.add(160 + 256 * (j / 2));
-                        let mut values = [_mm256_setzero_si256(); 8];
-                        for (k, values) in values.iter_mut().enumerate() {
-                            let packed = _mm256_loadu_si256(pair.add(32 * k).cast());
-                            let packed = if j % 2 == 0 {
-                                packed
-                            } else {
-                                _mm256_srli_epi16::<4>(packed)
-                            };
-                            *values = _mm256_and_si256(packed, nibbles);
-                        }
+                        let values = block_nibbles(at.add(160 + 256 * (j / 2)), j);
                         for n in 0..N {
                             let input = &inputs[n][8 * b + j];
                             let mut first = _mm256_setzero_si256();
@@ -825,7 +832,7 @@ mod kernel {
                 out: &mut [f32],
             ) {
                 let inputs: &[&[InputBlock]; N] = inputs.try_into().expect("N input rows");
-                let (nibbles, top_bits) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+                let top_bits = _mm256_set1_epi8(0x30);
                 let mut sums = [_mm256_setzero_ps(); N];
                 for (b, block) in group
                     .chunks_exact(Format::Q6K.group_block_bytes())
@@ -846,14 +853,8 @@ mod kernel {
                             at.add(Q6K_LOW + 256 * (j / 2)),
                             at.add(Q6K_TOP + 256 * (j / 4)),
                         );
-                        let mut values = [_mm256_setzero_si256(); 8];
+                        let mut values = block_nibbles(low, j);
                         for (k, values) in values.iter_mut().enumerate() {
-                            let packed = _mm256_loadu_si256(low.add(32 * k).cast());
-                            let packed = if j % 2 == 0 {
-                                packed
-                            } else {
-                                _mm256_srli_epi16::<4>(packed)
-                            };
                             // The top two bits moved to bits 4 and 5.
                             let high = _mm256_loadu_si256(top.add(32 * k).cast());
                             let high = match j % 4 {
@@ -862,10 +863,7 @@ mod kernel {
                                 2 => high,
                                 _ => _mm256_srli_epi16::<2>(high),
                             };
-                            *values = _mm256_or_si256(
-                                _mm256_and_si256(packed, nibbles),
-                                _mm256_and_si256(high, top_bits),
-                            );
+                            *values = _mm256_or_si256(*values, _mm256_and_si256(high, top_bits));
                         }
                         for n in 0..N {
                             let input = &inputs[n][8 * b + j];
