@@ -452,11 +452,6 @@ impl InputBlock {
     fn total(&self) -> i32 {
         i32::from(self.halves[0]) + i32::from(self.halves[1])
     }
-
-    /// The halves' sums as the two 16-bit halves of one integer, low first.
-    fn halves_paired(&self) -> i32 {
-        i32::from(self.halves[0] as u16) | (i32::from(self.halves[1]) << 16)
-    }
 }
 
 /// Quantize `row` to blocks, rounding halves to even. The blocks of each
@@ -485,6 +480,12 @@ fn quantize(row: &[f32], span: usize, blocks: &mut [InputBlock]) {
 mod kernel {
     use super::{Format, InputBlock, GROUP, Q6K_LOW, Q6K_TOP, TILE};
     use std::arch::x86_64::*;
+
+    /// `low` and `high`, each within 16 signed bits, as the two 16-bit
+    /// halves of one integer: the lane layout of the 16-bit pair multiply.
+    fn paired(low: i32, high: i32) -> i32 {
+        (low & 0xFFFF) | (high << 16)
+    }
 
     /// `acc` plus, in each 32-bit lane, the four products of `weights`'
     /// unsigned bytes with `inputs`' signed ones; weights are at most 127.
@@ -801,7 +802,7 @@ mod kernel {
                             let (first, second) =
                                 (&inputs[n][8 * b + 2 * k], &inputs[n][8 * b + 2 * k + 1]);
                             // A total is at most 32 · 127 in magnitude.
-                            let totals = (first.total() & 0xFFFF) | (second.total() << 16);
+                            let totals = paired(first.total(), second.total());
                             minimums[n] = $dot_pairs(minimums[n], mins, _mm256_set1_epi32(totals));
                         }
                     }
@@ -879,7 +880,8 @@ mod kernel {
                                 _mm256_mullo_epi32(second, second_scales),
                             );
                             dots[n] = _mm256_add_epi32(dots[n], dot);
-                            let halves = _mm256_set1_epi32(input.halves_paired());
+                            let [low, high] = input.halves.map(i32::from);
+                            let halves = _mm256_set1_epi32(paired(low, high));
                             offsets[n] = $dot_pairs(offsets[n], paired_scales, halves);
                         }
                     }
