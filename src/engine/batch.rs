@@ -5,16 +5,20 @@
 //! CPU that read is the cost. Engines made by [`Engine::sibling`] share one
 //! model and hand each forward pass to a single worker thread, which runs
 //! every decode step waiting at that moment as one batched pass
-//! ([`Transformer::forward_decode_batch`]) and each prompt on its own. Each
-//! engine keeps its own caches, sampling, constraints and accounting; only
-//! the weights' read is shared.
+//! ([`Transformer::forward_together`]). A prompt is encoded a batch of
+//! tokens at a time, and the decode steps waiting at each batch share its
+//! pass, so that the other sequences keep generating while a long prompt is
+//! encoded instead of stalling until it ends. Each engine keeps its own
+//! caches, sampling, constraints and accounting; only the weights' read is
+//! shared.
 //!
 //! [`Engine::sibling`]: super::Engine::sibling
 
 use super::kv_cache::KvCache;
-use super::model::{Config, Pass, Transformer};
+use super::model::{Config, Pass, Transformer, PREFILL_BATCH};
 use crate::error::{CandleContext, Error, Result};
 use candle_core::Tensor;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -120,7 +124,8 @@ impl Drop for DecodingGuard {
 enum Work {
     /// One generated token (batched with the other sequences' steps).
     Decode(u32),
-    /// Several tokens, or a prompt's: run alone, as [`Transformer::forward`].
+    /// Several tokens, or a prompt's: encoded a batch at a time, each batch
+    /// with the decode steps waiting then.
     Tokens(Vec<u32>, Pass),
 }
 
@@ -174,67 +179,130 @@ impl Batcher {
     }
 }
 
+/// A prompt the worker is encoding, a batch of tokens per pass.
+struct Encoding {
+    tokens: Vec<u32>,
+    pass: Pass,
+    /// Tokens encoded so far.
+    done: usize,
+    cache: KvCache,
+    reply: Reply,
+}
+
 /// The worker's loop: take what is waiting, wait briefly for the decoding
-/// sequences still missing, run each multi-token pass alone and every
-/// single decode step together.
+/// sequences still missing, and run one pass: the next batch of the oldest
+/// prompt being encoded, if any, with every waiting decode step.
 fn serve(model: &Transformer, requests: &mpsc::Receiver<Request>, decoding: &AtomicUsize) {
-    while let Ok(first) = requests.recv() {
-        let mut waiting = vec![first];
-        let deadline = Instant::now() + GATHER_WAIT;
-        loop {
-            let steps = waiting
-                .iter()
-                .filter(|request| matches!(request.work, Work::Decode(_)))
-                .count();
-            let now = Instant::now();
-            if steps >= decoding.load(Ordering::SeqCst) || now >= deadline {
-                break;
-            }
-            match requests.recv_timeout(deadline - now) {
-                Ok(request) => waiting.push(request),
-                Err(_) => break,
+    let mut prompts: VecDeque<Encoding> = VecDeque::new();
+    loop {
+        let mut waiting = Vec::new();
+        if prompts.is_empty() {
+            match requests.recv() {
+                Ok(first) => waiting.push(first),
+                Err(_) => return,
             }
         }
-        waiting.extend(requests.try_iter());
+        gather(&mut waiting, requests, decoding);
         let mut steps = Vec::new();
-        for mut request in waiting {
-            match &request.work {
-                Work::Decode(token) => steps.push((*token, request.cache, request.reply)),
-                Work::Tokens(tokens, pass) => {
-                    let logits = model.forward(tokens, &mut request.cache, *pass);
-                    let _ = request.reply.send((request.cache, logits));
+        for request in waiting {
+            match request.work {
+                Work::Decode(token) => steps.push((token, request.cache, request.reply)),
+                Work::Tokens(tokens, pass) if tokens.is_empty() => {
+                    let mut cache = request.cache;
+                    let logits = model.forward(&tokens, &mut cache, pass);
+                    let _ = request.reply.send((cache, logits));
                 }
+                Work::Tokens(tokens, pass) => prompts.push_back(Encoding {
+                    tokens,
+                    pass,
+                    done: 0,
+                    cache: request.cache,
+                    reply: request.reply,
+                }),
             }
         }
-        if !steps.is_empty() {
-            decode_together(model, steps);
+        if let Some(finished) = run_pass(model, prompts.front_mut(), steps) {
+            if let Some(prompt) = prompts.pop_front() {
+                let _ = prompt.reply.send((prompt.cache, finished));
+            }
         }
     }
 }
 
+/// Add to `waiting` what has arrived, waiting up to [`GATHER_WAIT`] for the
+/// decoding sequences whose steps are not in yet.
+fn gather(waiting: &mut Vec<Request>, requests: &mpsc::Receiver<Request>, decoding: &AtomicUsize) {
+    let deadline = Instant::now() + GATHER_WAIT;
+    loop {
+        let steps = waiting
+            .iter()
+            .filter(|request| matches!(request.work, Work::Decode(_)))
+            .count();
+        let now = Instant::now();
+        if steps >= decoding.load(Ordering::SeqCst) || now >= deadline {
+            break;
+        }
+        match requests.recv_timeout(deadline - now) {
+            Ok(request) => waiting.push(request),
+            Err(_) => break,
+        }
+    }
+    waiting.extend(requests.try_iter());
+}
+
 type Reply = mpsc::Sender<(KvCache, Result<Tensor>)>;
 
-/// One batched pass for every waiting decode step; each engine gets its own
-/// row of the logits, or the error.
-fn decode_together(model: &Transformer, steps: Vec<(u32, KvCache, Reply)>) {
-    let mut tokens = Vec::with_capacity(steps.len());
-    let mut caches = Vec::with_capacity(steps.len());
+/// One pass for the next batch of `prompt` and every waiting decode step;
+/// each step's engine gets its own row of the logits, or the error. Returns
+/// the prompt's answer once its last batch has run or it failed.
+fn run_pass(
+    model: &Transformer,
+    mut prompt: Option<&mut Encoding>,
+    steps: Vec<(u32, KvCache, Reply)>,
+) -> Option<Result<Tensor>> {
+    let mut runs: Vec<&[u32]> = Vec::with_capacity(steps.len() + 1);
+    let mut caches: Vec<&mut KvCache> = Vec::with_capacity(steps.len() + 1);
+    let mut step_caches = Vec::with_capacity(steps.len());
     let mut replies = Vec::with_capacity(steps.len());
     for (token, cache, reply) in steps {
-        tokens.push(token);
-        caches.push(cache);
+        step_caches.push((token, cache));
         replies.push(reply);
     }
-    let mut borrowed: Vec<&mut KvCache> = caches.iter_mut().collect();
-    let logits = model.forward_decode_batch(&tokens, &mut borrowed);
-    for (row, (cache, reply)) in caches.into_iter().zip(replies).enumerate() {
-        let answer = match &logits {
-            Ok(logits) => logits.get(row).context("batched decode step"),
-            // The error is the whole batch's; each engine gets its message.
-            Err(err) => Err(Error::Batch {
-                reason: err.to_string(),
-            }),
-        };
-        let _ = reply.send((cache, answer));
+    let pass = match prompt.as_deref_mut() {
+        Some(prompt) => {
+            let end = prompt.tokens.len().min(prompt.done + PREFILL_BATCH);
+            runs.push(&prompt.tokens[prompt.done..end]);
+            caches.push(&mut prompt.cache);
+            prompt.pass
+        }
+        None => Pass::Decode,
+    };
+    let first_step = runs.len();
+    for (token, cache) in step_caches.iter_mut() {
+        runs.push(std::slice::from_ref(token));
+        caches.push(cache);
+    }
+    if runs.is_empty() {
+        return None;
+    }
+    let encoded = runs[0].len();
+    let logits = model.forward_together(&runs, &mut caches, pass);
+    drop(caches);
+    let row = |row: usize| match &logits {
+        Ok(logits) => logits.get(row).context("batched forward pass"),
+        // The error is the whole pass's; each engine gets its message.
+        Err(err) => Err(Error::Batch {
+            reason: err.to_string(),
+        }),
+    };
+    for (number, ((_, cache), reply)) in step_caches.into_iter().zip(replies).enumerate() {
+        let _ = reply.send((cache, row(first_step + number)));
+    }
+    let prompt = prompt?;
+    prompt.done += encoded;
+    match logits {
+        Err(err) => Some(Err(err)),
+        Ok(_) if prompt.done == prompt.tokens.len() => Some(row(0)),
+        Ok(_) => None,
     }
 }

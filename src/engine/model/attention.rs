@@ -104,46 +104,56 @@ fn tiles(views: &[(usize, usize)]) -> Vec<Range<usize>> {
     tiles
 }
 
-/// Attention for one new query per sequence, each over a cache of its own:
-/// `queries` is `(sequences, heads, 1, head_dim)`, and `caches[i]` holds
+/// Attention for the new query rows of several sequences, each over a cache
+/// of its own: `queries` is `(rows, heads, 1, head_dim)`, `runs[i]` rows of
+/// sequence i after those of the sequences before it, and `caches[i]` holds
 /// sequence i's keys and values `(1, kv_heads, positions_i, head_dim)`, its
-/// new position included. Returns `(1, sequences, heads * head_dim)`.
+/// new positions last. Row `r` of a run attends to the positions before the
+/// run and to the run's rows up to its own. Returns `(1, rows, heads * head_dim)`.
 ///
 /// A decode step's attention is a few dot products per cached position. As
 /// tensor ops (two matmuls, a softmax, reshapes) per sequence its cost was
 /// mostly their overhead, more than half a step's time with many sequences;
 /// here each query head makes one pass over its cache rows, in place, from
 /// an f32, f16 or bf16 cache. Other devices take the tensor-op path.
-pub fn decode_attention(
+pub fn batch_attention(
     queries: &Tensor,
     caches: &[(Tensor, Tensor)],
+    runs: &[usize],
     scale: f64,
 ) -> Result<Tensor> {
-    let count = queries.dim(0)?;
-    if caches.len() != count {
-        candle_core::bail!("{count} queries for {} caches", caches.len());
+    let rows = queries.dim(0)?;
+    if caches.len() != runs.len() || runs.iter().sum::<usize>() != rows {
+        candle_core::bail!(
+            "{rows} query rows in runs {runs:?} for {} caches",
+            caches.len()
+        );
     }
     if !readable_on_cpu(queries, caches) {
-        return decode_attention_by_ops(&queries.contiguous()?, caches, scale);
+        return batch_attention_by_ops(&queries.contiguous()?, caches, runs, scale);
     }
-    decode_attention_on_cpu(queries, caches, scale, super::has_avx2_fma_f16c())
+    batch_attention_on_cpu(queries, caches, runs, scale, super::has_avx2_fma_f16c())
 }
 
-/// [`decode_attention`] on tensors [`readable_on_cpu`], with the AVX2 kernel when `vector`.
-fn decode_attention_on_cpu(
+/// [`batch_attention`] on tensors [`readable_on_cpu`], with the AVX2 kernel when `vector`.
+fn batch_attention_on_cpu(
     queries: &Tensor,
     caches: &[(Tensor, Tensor)],
+    runs: &[usize],
     scale: f64,
     vector: bool,
 ) -> Result<Tensor> {
-    let positions = caches
-        .iter()
-        .map(|(keys, _)| keys.dim(2))
-        .collect::<Result<Vec<_>>>()?;
-    attention_on_cpu(queries, caches, |row| (row, positions[row]), scale, vector)
+    let mut views = Vec::with_capacity(queries.dim(0)?);
+    for (cache, ((keys, _), &run)) in caches.iter().zip(runs).enumerate() {
+        let earlier = keys.dim(2)?.checked_sub(run).ok_or_else(|| {
+            candle_core::Error::Msg(format!("a run of {run} rows over a shorter cache"))
+        })?;
+        views.extend((1..=run).map(|row| (cache, earlier + row)));
+    }
+    attention_on_cpu(queries, caches, |row| views[row], scale, vector)
 }
 
-/// Whether `decode_attention` and `prompt_attention` can read these tensors
+/// Whether `batch_attention` and `prompt_attention` can read these tensors
 /// in place: f32 queries and an f32, f16 or bf16 cache, all on the CPU.
 fn readable_on_cpu(queries: &Tensor, caches: &[(Tensor, Tensor)]) -> bool {
     let on_cpu = |t: &Tensor, dtypes: &[DType]| t.device().is_cpu() && dtypes.contains(&t.dtype());
@@ -183,14 +193,7 @@ pub fn prompt_attention(
         .transpose(1, 2)?
         .contiguous()?
         .reshape((seq, heads, 1, d))?;
-    let first = total - seq;
-    attention_on_cpu(
-        &rows,
-        &caches,
-        |row| (0, first + row + 1),
-        scale,
-        super::has_avx2_fma_f16c(),
-    )
+    batch_attention_on_cpu(&rows, &caches, &[seq], scale, super::has_avx2_fma_f16c())
 }
 
 /// Attention of CPU query rows `queries` `(rows, heads, 1, d)` in f32, each
@@ -300,18 +303,32 @@ fn attention_on_cpu(
     Tensor::from_vec(out, (1, count, heads * d), queries.device())
 }
 
-/// [`decode_attention`] as tensor ops, for devices other than the CPU.
-fn decode_attention_by_ops(
+/// [`batch_attention`] as tensor ops, for devices other than the CPU.
+fn batch_attention_by_ops(
     queries: &Tensor,
     caches: &[(Tensor, Tensor)],
+    runs: &[usize],
     scale: f64,
 ) -> Result<Tensor> {
     let mut outputs = Vec::with_capacity(caches.len());
-    for (i, (keys, values)) in caches.iter().enumerate() {
-        let query = queries.get(i)?.unsqueeze(0)?;
+    let mut first = 0;
+    for ((keys, values), &run) in caches.iter().zip(runs) {
+        // (1, heads, run, d), the run's rows as one sequence's queries.
+        let query = queries
+            .narrow(0, first, run)?
+            .transpose(0, 2)?
+            .contiguous()?;
         let keys = keys.to_dtype(query.dtype())?;
         let values = values.to_dtype(query.dtype())?;
-        outputs.push(causal_attention(&query, &keys, &values, None, scale)?);
+        let mask = causal_mask(run, keys.dim(2)?, query.device())?;
+        outputs.push(causal_attention(
+            &query,
+            &keys,
+            &values,
+            mask.as_ref(),
+            scale,
+        )?);
+        first += run;
     }
     Tensor::cat(&outputs, 1)
 }
@@ -1045,8 +1062,9 @@ mod tests {
         for d in [64, 20] {
             let (queries, caches) = decode_inputs(6, 2, &[5, 45], d);
             let scale = 1.0 / (d as f64).sqrt();
-            let out = flat(&decode_attention(&queries, &caches, scale).unwrap());
-            let expected = flat(&decode_attention_by_ops(&queries, &caches, scale).unwrap());
+            let out = flat(&batch_attention(&queries, &caches, &[1, 1], scale).unwrap());
+            let expected =
+                flat(&batch_attention_by_ops(&queries, &caches, &[1, 1], scale).unwrap());
             let diff = max_difference(&out, &expected);
             assert!(diff < 1e-5, "d = {d}: max difference {diff}");
         }
@@ -1102,7 +1120,7 @@ mod tests {
                     keys.narrow(2, 0, seen).unwrap(),
                     values.narrow(2, 0, seen).unwrap(),
                 )];
-                let alone = flat(&decode_attention(&query, &cache, scale).unwrap());
+                let alone = flat(&batch_attention(&query, &cache, &[1], scale).unwrap());
                 assert_eq!(
                     &prompt[i * heads * d..(i + 1) * heads * d],
                     &alone[..],
@@ -1110,6 +1128,58 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Runs of several rows and of one row in one call get the bits each
+    /// sequence gets attended alone.
+    #[test]
+    fn a_batch_of_runs_attends_each_sequence_as_alone() {
+        let (heads, kv_heads, d) = (6, 2, 64);
+        let runs = [3, 1, 12];
+        let (rows, caches) = decode_inputs(heads, kv_heads, &[7, 40, 90], d);
+        let caches: Vec<(Tensor, Tensor)> = caches
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_dtype(DType::F16).unwrap(),
+                    v.to_dtype(DType::F16).unwrap(),
+                )
+            })
+            .collect();
+        // One query row per sequence from `decode_inputs`, varied per run row.
+        let queries: Vec<Tensor> = runs
+            .iter()
+            .enumerate()
+            .map(|(i, &run)| {
+                let one = rows.narrow(0, i, 1).unwrap();
+                let run_rows: Vec<Tensor> = (0..run)
+                    .map(|r| one.affine(1.0 - 0.05 * r as f64, 0.01 * r as f64).unwrap())
+                    .collect();
+                Tensor::cat(&run_rows, 0).unwrap()
+            })
+            .collect();
+        let scale = 1.0 / (d as f64).sqrt();
+        let together = flat(
+            &batch_attention(&Tensor::cat(&queries, 0).unwrap(), &caches, &runs, scale).unwrap(),
+        );
+        let mut first = 0;
+        for ((queries, cache), &run) in queries.iter().zip(&caches).zip(&runs) {
+            let alone = flat(
+                &batch_attention(queries, std::slice::from_ref(cache), &[run], scale).unwrap(),
+            );
+            assert_eq!(
+                &together[first..first + alone.len()],
+                &alone[..],
+                "a run of {run}"
+            );
+            first += alone.len();
+        }
+        let by_ops = flat(
+            &batch_attention_by_ops(&Tensor::cat(&queries, 0).unwrap(), &caches, &runs, scale)
+                .unwrap(),
+        );
+        let diff = max_difference(&together, &by_ops);
+        assert!(diff < 1e-5, "max difference {diff} from the matmul path");
     }
 
     /// A 16-bit cache gives exactly what an f32 cache holding the same
@@ -1136,7 +1206,10 @@ mod tests {
                 let scale = 1.0 / (d as f64).sqrt();
                 for vector in [false, super::super::has_avx2_fma_f16c()] {
                     let attend = |caches: &[(Tensor, Tensor)]| {
-                        flat(&decode_attention_on_cpu(&queries, caches, scale, vector).unwrap())
+                        flat(
+                            &batch_attention_on_cpu(&queries, caches, &[1, 1], scale, vector)
+                                .unwrap(),
+                        )
                     };
                     assert_eq!(
                         attend(&stored),

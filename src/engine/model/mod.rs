@@ -25,7 +25,7 @@ fn has_avx2_fma_f16c() -> bool {
     }
 }
 
-pub use transformer::Transformer;
+pub use transformer::{Transformer, PREFILL_BATCH};
 pub(crate) use weights::WeightFile;
 pub use weights::{Pass, PrefillWeights};
 

@@ -4,7 +4,7 @@
 //! The model holds no state between calls: the caller passes the [`KvCache`],
 //! whose length is the position of the first token given.
 
-use super::attention::{decode_attention, prompt_attention};
+use super::attention::{batch_attention, prompt_attention};
 use super::weights::{Embedding, Linear, Pass, PrefillWeights, Projections, WeightFile};
 use super::Config;
 use crate::engine::kv_cache::KvCache;
@@ -13,7 +13,7 @@ use candle_core::{DType, Device, Tensor};
 
 /// Prompts are encoded this many tokens at a time, which bounds the memory of
 /// the intermediate activations without slowing the GEMMs down.
-const PREFILL_BATCH: usize = 512;
+pub const PREFILL_BATCH: usize = 512;
 
 struct Attention {
     /// The query, key and value projections.
@@ -209,7 +209,7 @@ impl Transformer {
         // A generated token takes the decode step's path, so that a sequence
         // decoding alone gets the logits it gets batched with others.
         if let ([token], Pass::Decode) = (tokens, pass) {
-            let logits = self.forward_decode_batch(&[*token], &mut [cache])?;
+            let logits = self.forward_together(&[&[*token]], &mut [cache], pass)?;
             return logits.squeeze(0).context("output head");
         }
         cache.reserve(tokens.len())?;
@@ -233,54 +233,77 @@ impl Transformer {
             .context("output head")
     }
 
-    /// One decode step for several sequences at once: `tokens[i]` follows the
-    /// positions in `caches[i]`, and is appended there. Returns the next-token
-    /// logits of each sequence, `(sequences, vocab_size)` in f32.
+    /// One forward pass for several sequences at once: `runs[i]` follows the
+    /// positions in `caches[i]` and is appended there. Returns each
+    /// sequence's next-token logits after the last token of its run,
+    /// `(sequences, vocab_size)` in f32.
     ///
-    /// Every matmul weight is read once for all the sequences, which is what
-    /// a decode step costs on a CPU; only attention runs per sequence, over
-    /// its own cache. Each row is computed as it would be alone: the same
-    /// kernels, in the same order.
-    pub fn forward_decode_batch(
+    /// Every matmul weight is read once for all the rows, which is what a
+    /// decode step costs on a CPU; only attention runs per sequence, over its
+    /// own cache. A batch of decode steps is runs of one token with
+    /// [`Pass::Decode`]; a prompt's batch may share the pass with them, with
+    /// [`Pass::Prompt`]. Each row is computed by the kernels it would meet
+    /// alone, in the same order; where a weight keeps a dense copy for
+    /// prompts, the rows of a pass all take the copy its `pass` selects.
+    pub fn forward_together(
         &self,
-        tokens: &[u32],
+        runs: &[&[u32]],
         caches: &mut [&mut KvCache],
+        pass: Pass,
     ) -> Result<Tensor> {
-        if tokens.is_empty() || tokens.len() != caches.len() {
+        if runs.is_empty() || runs.len() != caches.len() || runs.iter().any(|run| run.is_empty()) {
+            let lengths: Vec<usize> = runs.iter().map(|run| run.len()).collect();
             return Err(crate::Error::invalid(
                 "forward",
-                format!("{} tokens for {} sequences", tokens.len(), caches.len()),
+                format!("runs of {lengths:?} tokens for {} sequences", caches.len()),
             ));
         }
-        for cache in caches.iter_mut() {
-            cache.reserve(1)?;
+        for (cache, run) in caches.iter_mut().zip(runs) {
+            cache.reserve(run.len())?;
         }
         let hidden = self
-            .decode_batch_blocks(tokens, caches)
-            .context("batched decode step")?;
-        for (cache, token) in caches.iter_mut().zip(tokens) {
-            cache.commit(&[*token]);
+            .blocks_together(runs, caches, pass)
+            .context("forward pass")?;
+        for (cache, run) in caches.iter_mut().zip(runs) {
+            cache.commit(run);
         }
+        let last_rows: Vec<u32> = runs
+            .iter()
+            .scan(0, |end, run| {
+                *end += run.len();
+                Some(*end as u32 - 1)
+            })
+            .collect();
         let eps = self.config.rms_norm_eps as f32;
-        let logits = candle_nn::ops::rms_norm(&hidden, &self.norm, eps)
-            .and_then(|normed| self.lm_head.forward(&normed, Pass::Decode))
+        let logits = Tensor::new(last_rows.as_slice(), &self.device)
+            .and_then(|last_rows| hidden.index_select(&last_rows, 1))
+            .and_then(|last| candle_nn::ops::rms_norm(&last, &self.norm, eps))
+            .and_then(|normed| self.lm_head.forward(&normed, pass))
             .and_then(|logits| logits.squeeze(0)?.to_dtype(DType::F32))
             .context("output head")?;
         Ok(logits)
     }
 
-    /// The blocks of a batched decode step; returns the hidden states `(1, sequences, hidden)`.
-    fn decode_batch_blocks(
+    /// The blocks of [`Transformer::forward_together`]; returns the hidden
+    /// states `(1, rows, hidden)`, the runs' rows one after another.
+    fn blocks_together(
         &self,
-        tokens: &[u32],
+        runs: &[&[u32]],
         caches: &mut [&mut KvCache],
+        pass: Pass,
     ) -> candle_core::Result<Tensor> {
         let c = &self.config;
+        let tokens = runs.concat();
         let count = tokens.len();
-        let positions: Vec<u32> = caches.iter().map(|cache| cache.len() as u32).collect();
+        let run_lengths: Vec<usize> = runs.iter().map(|run| run.len()).collect();
+        let positions: Vec<u32> = caches
+            .iter()
+            .zip(&run_lengths)
+            .flat_map(|(cache, &length)| (cache.len()..cache.len() + length).map(|p| p as u32))
+            .collect();
         let positions = Tensor::new(positions.as_slice(), &self.device)?;
-        // Each sequence is a batch entry of one position, with its own row of
-        // the tables, so one rotation call turns each by its own position.
+        // Each row is a batch entry of one position, with its own row of the
+        // tables, so one rotation call turns each by its own position.
         let half = c.head_dim / 2;
         let cos = self
             .rope
@@ -292,32 +315,37 @@ impl Transformer {
             .sin
             .index_select(&positions, 0)?
             .reshape((count, 1, half))?;
-        let mut x = self.embed_tokens.rows(tokens, &self.device)?.unsqueeze(0)?;
+        let mut x = self
+            .embed_tokens
+            .rows(&tokens, &self.device)?
+            .unsqueeze(0)?;
         let eps = c.rms_norm_eps as f32;
         let scale = 1.0 / (c.head_dim as f64).sqrt();
         for (layer, block) in self.blocks.iter().enumerate() {
             let normed = candle_nn::ops::rms_norm(&x, &block.input_layernorm, eps)?;
             let attn = &block.self_attn;
-            // (sequences, heads, 1, head_dim), a reshape of the projection's rows.
-            let [q, k, v] = outputs(attn.qkv.forward(&normed, Pass::Decode)?)?;
+            // (rows, heads, 1, head_dim), a reshape of the projection's rows.
+            let [q, k, v] = outputs(attn.qkv.forward(&normed, pass)?)?;
             let by_head = |t: Tensor, heads: usize| t.reshape((count, heads, 1, c.head_dim));
             let q = self.rope.apply(&by_head(q, c.heads)?, &cos, &sin)?;
             let k = self.rope.apply(&by_head(k, c.kv_heads)?, &cos, &sin)?;
             let v = by_head(v, c.kv_heads)?;
-            let mut sequences = Vec::with_capacity(count);
-            for (i, cache) in caches.iter_mut().enumerate() {
-                let keys = k.get(i)?.unsqueeze(0)?;
-                let values = v.get(i)?.unsqueeze(0)?;
+            let mut sequences = Vec::with_capacity(runs.len());
+            let mut first = 0;
+            for (cache, &length) in caches.iter_mut().zip(&run_lengths) {
+                // (1, kv_heads, length, head_dim), as the cache stores them.
+                let run = |t: &Tensor| t.narrow(0, first, length)?.transpose(0, 2)?.contiguous();
                 sequences.push(
                     cache
-                        .append(layer, &keys, &values)
+                        .append(layer, &run(&k)?, &run(&v)?)
                         .map_err(candle_core::Error::wrap)?,
                 );
+                first += length;
             }
-            let attended = decode_attention(&q, &sequences, scale)?;
-            x = (x + attn.o_proj.forward(&attended, Pass::Decode)?)?;
+            let attended = batch_attention(&q, &sequences, &run_lengths, scale)?;
+            x = (x + attn.o_proj.forward(&attended, pass)?)?;
             let normed = candle_nn::ops::rms_norm(&x, &block.post_attention_layernorm, eps)?;
-            x = (x + block.mlp.forward(&normed, Pass::Decode)?)?;
+            x = (x + block.mlp.forward(&normed, pass)?)?;
         }
         Ok(x)
     }
