@@ -1056,6 +1056,14 @@ mod tests {
         t.flatten_all().unwrap().to_vec1().unwrap()
     }
 
+    /// Each cache's keys and values converted to `dtype`.
+    fn stored_as(caches: &[(Tensor, Tensor)], dtype: DType) -> Vec<(Tensor, Tensor)> {
+        caches
+            .iter()
+            .map(|(k, v)| (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap()))
+            .collect()
+    }
+
     #[test]
     fn decode_attention_matches_the_matmul_path() {
         // d = 20 leaves a tail after the blocks of eight.
@@ -1101,10 +1109,7 @@ mod tests {
         for (dtype, d) in [(DType::F16, 64), (DType::F32, 64), (DType::BF16, 20)] {
             let (heads, kv_heads, seq, total) = (6, 2, 2 * TILE_ROWS + 3, 150);
             let (rows, caches) = decode_inputs(heads, kv_heads, &[total; 1], d);
-            let (keys, values) = (
-                caches[0].0.to_dtype(dtype).unwrap(),
-                caches[0].1.to_dtype(dtype).unwrap(),
-            );
+            let [(keys, values)] = <[_; 1]>::try_from(stored_as(&caches, dtype)).unwrap();
             let queries = rows
                 .narrow(0, 0, 1)
                 .and_then(|one| one.repeat((seq, 1, 1, 1)))
@@ -1137,15 +1142,7 @@ mod tests {
         let (heads, kv_heads, d) = (6, 2, 64);
         let runs = [3, 1, 12];
         let (rows, caches) = decode_inputs(heads, kv_heads, &[7, 40, 90], d);
-        let caches: Vec<(Tensor, Tensor)> = caches
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.to_dtype(DType::F16).unwrap(),
-                    v.to_dtype(DType::F16).unwrap(),
-                )
-            })
-            .collect();
+        let caches = stored_as(&caches, DType::F16);
         // One query row per sequence from `decode_inputs`, varied per run row.
         let queries: Vec<Tensor> = runs
             .iter()
@@ -1190,19 +1187,8 @@ mod tests {
         for dtype in [DType::F16, DType::BF16] {
             for d in [64, 20] {
                 let (queries, caches) = decode_inputs(6, 2, &[5, 45], d);
-                let stored: Vec<(Tensor, Tensor)> = caches
-                    .iter()
-                    .map(|(k, v)| (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap()))
-                    .collect();
-                let widened: Vec<(Tensor, Tensor)> = stored
-                    .iter()
-                    .map(|(k, v)| {
-                        (
-                            k.to_dtype(DType::F32).unwrap(),
-                            v.to_dtype(DType::F32).unwrap(),
-                        )
-                    })
-                    .collect();
+                let stored = stored_as(&caches, dtype);
+                let widened = stored_as(&stored, DType::F32);
                 let scale = 1.0 / (d as f64).sqrt();
                 for vector in [false, super::super::has_avx2_fma_f16c()] {
                     let attend = |caches: &[(Tensor, Tensor)]| {
