@@ -542,8 +542,11 @@ mod vector {
     /// Floats in one AVX register.
     pub(super) const LANES: usize = 8;
 
-    /// Positions widened at a time: 64 rows of a 64-wide head are 16 KB of f32.
-    const CHUNK: usize = 64;
+    /// Positions widened at a time: 32 rows of a 128-wide head are 16 KB of
+    /// f32. A one-thread probe ran sixteen SmolLM2 decode steps' attention
+    /// in 43-49 ms with 32 rows against 51-57 with 64, and a Qwen-1.5B
+    /// prompt's 10-15% faster too.
+    const CHUNK: usize = 32;
 
     /// The lane sums of eight registers, `sums[r]` in lane `r`.
     #[inline]
