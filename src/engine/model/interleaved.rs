@@ -53,9 +53,8 @@ enum Format {
     Q4K,
     /// 256 6-bit values in sixteen sub-blocks of 16, each with a signed
     /// 8-bit scale `sc`, and a scale `d`: value = `d·sc·(w - 32)`. A group
-    /// block keeps `d`, the scales sub-block by sub-block, then the low four
-    /// bits of the values as Q4_K keeps its values (two blocks of 32 per run
-    /// of 256 bytes), then their top two bits, four blocks of 32 per run.
+    /// block keeps `d`, the scales sub-block by sub-block, then the values
+    /// in 6 bits each, as [`interleave_q6k_block`] lays them out.
     Q6K,
 }
 
@@ -93,8 +92,8 @@ impl Format {
             Format::Q4_1 | Format::Q8_0 => GROUP * self.block_bytes(),
             // d, dmin, the unpacked scales and minimums, the values.
             Format::Q4K => GROUP * (2 + 2 + 8 + 8 + 128),
-            // d, the scales, the low four bits, the top two bits.
-            Format::Q6K => GROUP * (2 + 16 + 128 + 64),
+            // d, the scales, the values.
+            Format::Q6K => GROUP * (2 + 16 + 192),
         }
     }
 
@@ -144,12 +143,13 @@ impl Format {
                 out.extend(bytes.iter().map(|b| d * f32::from(b >> 4) + m));
             }
             Format::Q8_0 => out.extend((0..32).map(|i| d * f32::from(values_at(1, 0, i) as i8))),
-            Format::Q6K => out.extend((0..256).map(|i| {
-                let scale = block[16 + 8 * (i / 16) + r] as i8;
-                let (j, at) = (i / 32, 32 * (i % 32 / 4) + 4 * r + i % 4);
-                let low = block[Q6K_LOW + 256 * (j / 2) + at] >> (4 * (j % 2));
-                let top = block[Q6K_TOP + 256 * (j / 4) + at] >> (2 * (j % 4));
-                let w = (low & 0x0F) | ((top & 3) << 4);
+            Format::Q6K => out.extend((0..256).map(|v| {
+                let scale = block[16 + 8 * (v / 16) + r] as i8;
+                let (bytes, k) = q6k_bytes(r, v);
+                let w = match k % 4 {
+                    3 => (0..3).fold(0, |w, m| w | (block[bytes[m]] >> 6) << (2 * m)),
+                    m => block[bytes[m]] & 0x3F,
+                };
                 d * f32::from(scale) * f32::from(w as i8 - 32)
             })),
             Format::Q4K => {
@@ -172,16 +172,20 @@ impl Format {
     }
 }
 
-/// Where a Q6_K group block's low four bits start, and its top two bits.
-const Q6K_LOW: usize = 16 + 128;
-const Q6K_TOP: usize = Q6K_LOW + 1024;
+/// Where a Q6_K group block's values start, after `d` and the scales.
+const Q6K_VALUES: usize = 16 + 128;
 
-/// [`Format::interleave_block`] for Q6_K. Value `4k + i` of input block `j`
-/// of row `r` (`i` < 4) keeps its low bits in byte `32k + 4r + i` of run
-/// `j / 2` (the high nibble for odd `j`) and its top bits in the same byte
-/// of run `j / 4` of the top bits, at bit `2 · (j % 4)`.
+/// [`Format::interleave_block`] for Q6_K.
+///
+/// The kernel multiplies 32 bytes at a time holding values `4k..4k + 4` of
+/// input block `j` for each of the eight rows (value `4k + i` of row `r` in
+/// byte `4r + i`), as for the other formats. Each group of four such
+/// registers (`k` = 0-3 and 4-7) is stored in three: the values of the
+/// first three in their low six bits, and those of the fourth two bits at a
+/// time in their top bits, so that each register costs one mask to unpack
+/// and the fourth a few shifts, with no byte stored twice.
 fn interleave_q6k_block(stored: [&[u8]; GROUP], out: &mut [u8]) {
-    out[Q6K_LOW..].fill(0);
+    out[Q6K_VALUES..].fill(0);
     for (r, block) in stored.iter().enumerate() {
         out[2 * r..2 * r + 2].copy_from_slice(&block[208..210]);
         for (s, scale) in block[192..208].iter().enumerate() {
@@ -189,11 +193,26 @@ fn interleave_q6k_block(stored: [&[u8]; GROUP], out: &mut [u8]) {
         }
         for (v, value) in q6k_values(block).iter().enumerate() {
             let w = (value + 32) as u8;
-            let (j, at) = (v / 32, 32 * (v % 32 / 4) + 4 * r + v % 4);
-            out[Q6K_LOW + 256 * (j / 2) + at] |= (w & 0x0F) << (4 * (j % 2));
-            out[Q6K_TOP + 256 * (j / 4) + at] |= (w >> 4) << (2 * (j % 4));
+            match q6k_bytes(r, v) {
+                (bytes, 3 | 7) => {
+                    for (m, at) in bytes.into_iter().enumerate() {
+                        out[at] |= (w >> (2 * m) & 3) << 6;
+                    }
+                }
+                (bytes, k) => out[bytes[k % 4]] |= w,
+            }
         }
     }
+}
+
+/// The three bytes of a Q6_K group block that can hold value `v` of row
+/// `r`, with the register `k` (0-7) of its input block that the value goes
+/// to: byte `k % 4` holds it whole, unless `k % 4` is 3 and all three hold
+/// two of its bits each, lowest first.
+fn q6k_bytes(r: usize, v: usize) -> ([usize; 3], usize) {
+    let (j, k, i) = (v / 32, v % 32 / 4, v % 4);
+    let run = Q6K_VALUES + 192 * j + 96 * (k / 4) + 4 * r + i;
+    ([run, run + 32, run + 64], k)
 }
 
 /// The 256 values of a stored Q6_K block, `w - 32`, in order. Each half of
@@ -478,7 +497,7 @@ fn quantize(row: &[f32], span: usize, blocks: &mut [InputBlock]) {
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
-    use super::{Format, InputBlock, GROUP, Q6K_LOW, Q6K_TOP, TILE};
+    use super::{Format, InputBlock, GROUP, Q6K_VALUES, TILE};
     use std::arch::x86_64::*;
 
     /// `low` and `high`, each within 16 signed bits, as the two 16-bit
@@ -833,7 +852,8 @@ mod kernel {
                 out: &mut [f32],
             ) {
                 let inputs: &[&[InputBlock]; N] = inputs.try_into().expect("N input rows");
-                let top_bits = _mm256_set1_epi8(0x30);
+                let whole = _mm256_set1_epi8(0x3F);
+                let top_two = _mm256_set1_epi8(0xC0u8 as i8);
                 let mut sums = [_mm256_setzero_ps(); N];
                 for (b, block) in group
                     .chunks_exact(Format::Q6K.group_block_bytes())
@@ -850,21 +870,24 @@ mod kernel {
                             _mm256_and_si256(first_scales, _mm256_set1_epi32(0xFFFF)),
                             _mm256_slli_epi32::<16>(second_scales),
                         );
-                        let (low, top) = (
-                            at.add(Q6K_LOW + 256 * (j / 2)),
-                            at.add(Q6K_TOP + 256 * (j / 4)),
-                        );
-                        let mut values = block_nibbles(low, j);
-                        for (k, values) in values.iter_mut().enumerate() {
-                            // The top two bits moved to bits 4 and 5.
-                            let high = _mm256_loadu_si256(top.add(32 * k).cast());
-                            let high = match j % 4 {
-                                0 => _mm256_slli_epi16::<4>(high),
-                                1 => _mm256_slli_epi16::<2>(high),
-                                2 => high,
-                                _ => _mm256_srli_epi16::<2>(high),
-                            };
-                            *values = _mm256_or_si256(*values, _mm256_and_si256(high, top_bits));
+                        let mut values = [_mm256_setzero_si256(); 8];
+                        for (four_values, values) in values.chunks_exact_mut(4).enumerate() {
+                            let run = at.add(Q6K_VALUES + 192 * j + 96 * four_values);
+                            let stored: [__m256i; 3] =
+                                std::array::from_fn(|m| _mm256_loadu_si256(run.add(32 * m).cast()));
+                            for m in 0..3 {
+                                values[m] = _mm256_and_si256(stored[m], whole);
+                            }
+                            // Masked first, the 16-bit shifts carry no bits
+                            // from one byte into the next.
+                            let parts = stored.map(|s| _mm256_and_si256(s, top_two));
+                            values[3] = _mm256_or_si256(
+                                _mm256_or_si256(
+                                    _mm256_srli_epi16::<6>(parts[0]),
+                                    _mm256_srli_epi16::<4>(parts[1]),
+                                ),
+                                _mm256_srli_epi16::<2>(parts[2]),
+                            );
                         }
                         for n in 0..N {
                             let input = &inputs[n][8 * b + j];
