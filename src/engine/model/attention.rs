@@ -522,10 +522,13 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
-/// The AVX2 attention kernel. A 16-bit cache is widened to f32 a chunk of
-/// positions at a time, once for all the query rows and heads of a tile
-/// that read it, into a scratch buffer that stays in the L1 cache; widening
-/// is exact, so the cache dtype alone decides the result.
+/// The AVX2 attention kernel. For a tile of several prompt rows, a 16-bit
+/// cache is widened to f32 a chunk of positions at a time, once for all the
+/// rows and heads that read it, into a scratch buffer that stays in the L1
+/// cache. A decode step's single row reads the 16-bit rows directly,
+/// widening each load: the round trip through the buffer cost it more than
+/// the conversions it saved. Widening is exact either way, so the cache
+/// dtype alone decides the result.
 ///
 /// Two query heads go through a chunk together, so that each load of a
 /// cache row serves both: four positions' scores at a time, each in its own
@@ -537,6 +540,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 mod vector {
     use super::{HeadRows, RowData, Scratch, Tile};
+    use half::{bf16, f16};
     use std::arch::x86_64::*;
 
     /// Floats in one AVX register.
@@ -568,50 +572,91 @@ mod vector {
         )
     }
 
-    /// Rows `first..first + count` of `rows` as f32 and their stride: in
-    /// place for an f32 cache, else widened into `scratch`, `d` apart.
+    /// A value of a cache the kernels read eight at a time, as f32.
+    trait Lane: Copy {
+        /// The eight values from `at`, widened exactly.
+        ///
+        /// # Safety
+        /// Eight values are readable from `at`, and the CPU has AVX2 and F16C.
+        unsafe fn eight(at: *const Self) -> __m256;
+    }
+
+    impl Lane for f32 {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn eight(at: *const f32) -> __m256 {
+            // SAFETY: as the caller promises.
+            unsafe { _mm256_loadu_ps(at) }
+        }
+    }
+
+    impl Lane for f16 {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn eight(at: *const f16) -> __m256 {
+            // SAFETY: as the caller promises.
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(at.cast())) }
+        }
+    }
+
+    impl Lane for bf16 {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn eight(at: *const bf16) -> __m256 {
+            // SAFETY: as the caller promises. A bf16 is the top half of an f32.
+            let halves = unsafe { _mm256_cvtepu16_epi32(_mm_loadu_si128(at.cast())) };
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(halves))
+        }
+    }
+
+    /// Rows `first..first + count` of `rows` and their stride: widened to
+    /// f32 into `scratch` (`d` apart) when `widen` and the cache is 16-bit,
+    /// else in place. A tile of several rows reads each row once per row and
+    /// head pair, so widening it once first saves conversions; a single row
+    /// (a decode step) is better served by converting as it reads.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn widened<'a>(
-        rows: &'a HeadRows,
-        first: usize,
-        count: usize,
+    fn chunk<'a>(
+        rows: &HeadRows<'a>,
+        (first, count): (usize, usize),
+        widen: bool,
         scratch: &'a mut Vec<f32>,
-    ) -> (&'a [f32], usize) {
+    ) -> (RowData<'a>, usize) {
         let (d, stride) = (rows.d, rows.stride);
         let span = first * stride..(first + count - 1) * stride + d;
-        scratch.resize(count * d, 0.0);
-        match rows.data {
-            RowData::F32(data) => return (&data[span], stride),
+        let data = match rows.data {
+            RowData::F32(data) => RowData::F32(&data[span]),
+            RowData::F16(data) if !widen => RowData::F16(&data[span]),
+            RowData::Bf16(data) if !widen => RowData::Bf16(&data[span]),
             RowData::F16(data) => {
-                for (j, out) in scratch.chunks_exact_mut(d).enumerate() {
-                    let row = &data[(first + j) * stride..][..d];
-                    for (values, out) in row.chunks_exact(LANES).zip(out.chunks_exact_mut(LANES)) {
-                        // SAFETY: both runs hold eight values.
-                        unsafe {
-                            let wide = _mm256_cvtph_ps(_mm_loadu_si128(values.as_ptr().cast()));
-                            _mm256_storeu_ps(out.as_mut_ptr(), wide);
-                        }
-                    }
-                }
+                return (RowData::F32(widened(&data[span], (stride, d), scratch)), d)
             }
             RowData::Bf16(data) => {
-                for (j, out) in scratch.chunks_exact_mut(d).enumerate() {
-                    let row = &data[(first + j) * stride..][..d];
-                    for (values, out) in row.chunks_exact(LANES).zip(out.chunks_exact_mut(LANES)) {
-                        // SAFETY: both runs hold eight values. A bf16 is
-                        // the top half of an f32.
-                        unsafe {
-                            let halves =
-                                _mm256_cvtepu16_epi32(_mm_loadu_si128(values.as_ptr().cast()));
-                            let wide = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(halves));
-                            _mm256_storeu_ps(out.as_mut_ptr(), wide);
-                        }
-                    }
-                }
+                return (RowData::F32(widened(&data[span], (stride, d), scratch)), d)
+            }
+        };
+        (data, stride)
+    }
+
+    /// The rows of `data` (`d` values each, `stride` apart) widened into
+    /// `scratch`, `d` apart.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn widened<'a, L: Lane>(
+        data: &[L],
+        (stride, d): (usize, usize),
+        scratch: &'a mut Vec<f32>,
+    ) -> &'a [f32] {
+        let count = (data.len() - d) / stride + 1;
+        scratch.resize(count * d, 0.0);
+        for (j, out) in scratch.chunks_exact_mut(d).enumerate() {
+            let row = &data[j * stride..][..d];
+            for (values, out) in row.chunks_exact(LANES).zip(out.chunks_exact_mut(LANES)) {
+                // SAFETY: both runs hold eight values.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), L::eight(values.as_ptr())) };
             }
         }
-        (&scratch[..], d)
+        scratch
     }
 
     /// [`Tile::attend`] with AVX2. Each row's scores and sums take the same
@@ -634,9 +679,10 @@ mod vector {
         }
         let scores = &mut scores[..needed];
         let per_row = groups * positions;
+        let widen = tile.rows.len() > 1;
         for first in (0..positions).step_by(CHUNK) {
             let count = CHUNK.min(positions - first);
-            let (keys, stride) = widened(&tile.keys, first, count, rows);
+            let (keys, stride) = chunk(&tile.keys, (first, count), widen, rows);
             for (&(queries, seen), scores) in tile.rows.iter().zip(scores.chunks_exact_mut(per_row))
             {
                 let keys = (keys, stride, count.min(seen.saturating_sub(first)));
@@ -658,7 +704,7 @@ mod vector {
         }
         for first in (0..positions).step_by(CHUNK) {
             let count = CHUNK.min(positions - first);
-            let (values, stride) = widened(&tile.values, first, count, rows);
+            let (values, stride) = chunk(&tile.values, (first, count), widen, rows);
             for ((&(_, seen), scores), out) in tile
                 .rows
                 .iter()
@@ -761,8 +807,24 @@ mod vector {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn score_chunk(
+        queries: (&[f32], usize),
+        (keys, stride, count): (RowData, usize, usize),
+        scale: f32,
+        scores: (&mut [f32], usize),
+    ) {
+        match keys {
+            RowData::F32(keys) => score_rows(queries, (keys, stride, count), scale, scores),
+            RowData::F16(keys) => score_rows(queries, (keys, stride, count), scale, scores),
+            RowData::Bf16(keys) => score_rows(queries, (keys, stride, count), scale, scores),
+        }
+    }
+
+    /// [`score_chunk`] for keys stored as `L`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn score_rows<L: Lane>(
         (queries, d): (&[f32], usize),
-        (keys, stride, count): (&[f32], usize, usize),
+        (keys, stride, count): (&[L], usize, usize),
         scale: f32,
         (scores, positions): (&mut [f32], usize),
     ) {
@@ -771,10 +833,10 @@ mod vector {
             let mut start = 0;
             while start < count {
                 let taken = match (queries.len() / d, count - start) {
-                    (2, POSITIONS_AT_ONCE..) => score_block::<2, POSITIONS_AT_ONCE>,
-                    (2, _) => score_block::<2, 1>,
-                    (_, POSITIONS_AT_ONCE..) => score_block::<1, POSITIONS_AT_ONCE>,
-                    _ => score_block::<1, 1>,
+                    (2, POSITIONS_AT_ONCE..) => score_block::<L, 2, POSITIONS_AT_ONCE>,
+                    (2, _) => score_block::<L, 2, 1>,
+                    (_, POSITIONS_AT_ONCE..) => score_block::<L, 1, POSITIONS_AT_ONCE>,
+                    _ => score_block::<L, 1, 1>,
                 }(
                     queries,
                     &keys[start * stride..],
@@ -787,13 +849,13 @@ mod vector {
         }
     }
 
-    /// [`score_chunk`] for `H` heads and `P` key rows from `keys`' first;
+    /// [`score_rows`] for `H` heads and `P` key rows from `keys`' first;
     /// returns `P`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn score_block<const H: usize, const P: usize>(
+    fn score_block<L: Lane, const H: usize, const P: usize>(
         queries: &[f32],
-        keys: &[f32],
+        keys: &[L],
         stride: usize,
         scale: f32,
         (scores, positions, start): (&mut [f32], usize, usize),
@@ -809,7 +871,7 @@ mod vector {
                 let query: [__m256; H] =
                     std::array::from_fn(|h| _mm256_loadu_ps(queries.as_ptr().add(h * d + block)));
                 for p in 0..P {
-                    let key = _mm256_loadu_ps(keys.as_ptr().add(p * stride + block));
+                    let key = L::eight(keys.as_ptr().add(p * stride + block));
                     for (h, query) in query.iter().enumerate() {
                         sums[h * P + p] = _mm256_fmadd_ps(*query, key, sums[h * P + p]);
                     }
@@ -835,8 +897,24 @@ mod vector {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn add_weighted(
+        weights: (&[f32], usize),
+        (values, stride, count): (RowData, usize, usize),
+        out: &mut [f32],
+        d: usize,
+    ) {
+        match values {
+            RowData::F32(values) => weigh_rows(weights, (values, stride, count), out, d),
+            RowData::F16(values) => weigh_rows(weights, (values, stride, count), out, d),
+            RowData::Bf16(values) => weigh_rows(weights, (values, stride, count), out, d),
+        }
+    }
+
+    /// [`add_weighted`] for values stored as `L`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn weigh_rows<L: Lane>(
         (weights, positions): (&[f32], usize),
-        (values, stride, count): (&[f32], usize, usize),
+        (values, stride, count): (&[L], usize, usize),
         out: &mut [f32],
         d: usize,
     ) {
@@ -845,10 +923,10 @@ mod vector {
             let mut part = 0;
             while part < d {
                 part += match (out.len() / d, (d - part) / LANES) {
-                    (2, BLOCKS_AT_ONCE..) => weigh_block::<2, BLOCKS_AT_ONCE>,
-                    (2, _) => weigh_block::<2, 1>,
-                    (_, BLOCKS_AT_ONCE..) => weigh_block::<1, BLOCKS_AT_ONCE>,
-                    _ => weigh_block::<1, 1>,
+                    (2, BLOCKS_AT_ONCE..) => weigh_block::<L, 2, BLOCKS_AT_ONCE>,
+                    (2, _) => weigh_block::<L, 2, 1>,
+                    (_, BLOCKS_AT_ONCE..) => weigh_block::<L, 1, BLOCKS_AT_ONCE>,
+                    _ => weigh_block::<L, 1, 1>,
                 }(
                     (weights, positions),
                     (values, stride, count),
@@ -859,13 +937,13 @@ mod vector {
         }
     }
 
-    /// [`add_weighted`] for `H` heads and `B` blocks of output from `part`;
+    /// [`weigh_rows`] for `H` heads and `B` blocks of output from `part`;
     /// returns the floats of output done.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn weigh_block<const H: usize, const B: usize>(
+    fn weigh_block<L: Lane, const H: usize, const B: usize>(
         (weights, positions): (&[f32], usize),
-        (values, stride, count): (&[f32], usize, usize),
+        (values, stride, count): (&[L], usize, usize),
         out: &mut [f32],
         (d, part): (usize, usize),
     ) -> usize {
@@ -882,7 +960,7 @@ mod vector {
             // SAFETY: within value row `j` and each head's weights, checked above.
             unsafe {
                 let value: [__m256; B] = std::array::from_fn(|b| {
-                    _mm256_loadu_ps(values.as_ptr().add(j * stride + part + b * LANES))
+                    L::eight(values.as_ptr().add(j * stride + part + b * LANES))
                 });
                 for (h, sums) in sums.iter_mut().enumerate() {
                     let weight = _mm256_set1_ps(*weights.get_unchecked(h * positions + j));
