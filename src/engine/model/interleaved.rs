@@ -43,7 +43,8 @@ enum Format {
     /// A scale `d` and a minimum `m`, then 16 bytes whose low nibbles are
     /// values 0-15 and high nibbles values 16-31: value = `d·w + m`.
     Q4_1,
-    /// A scale `d`, then 32 signed bytes: value = `d·w`.
+    /// A scale `d`, then 32 signed bytes: value = `d·w`. A group block
+    /// keeps each `w + 128`, unsigned, as the VNNI byte multiply takes it.
     Q8_0,
     /// 256 values in eight sub-blocks of 32: a scale `d` and a minimum
     /// `dmin`, 12 bytes packing each sub-block's 6-bit scale `sc` and minimum
@@ -126,6 +127,11 @@ impl Format {
                 out[at + 32 * k + 4 * r..][..4].copy_from_slice(&values[4 * k..4 * k + 4]);
             }
         }
+        if self == Format::Q8_0 {
+            for value in &mut out[at..] {
+                *value ^= 0x80;
+            }
+        }
     }
 
     /// Row `r` of a group block, dequantized onto `out`.
@@ -142,7 +148,9 @@ impl Format {
                 out.extend(bytes.iter().map(|b| d * f32::from(b & 0x0F) + m));
                 out.extend(bytes.iter().map(|b| d * f32::from(b >> 4) + m));
             }
-            Format::Q8_0 => out.extend((0..32).map(|i| d * f32::from(values_at(1, 0, i) as i8))),
+            Format::Q8_0 => {
+                out.extend((0..32).map(|i| d * f32::from((values_at(1, 0, i) ^ 0x80) as i8)))
+            }
             Format::Q6K => out.extend((0..256).map(|v| {
                 let scale = block[16 + 8 * (v / 16) + r] as i8;
                 let (bytes, k) = q6k_bytes(r, v);
@@ -536,6 +544,37 @@ mod kernel {
         _mm256_dpwssd_epi32(acc, a, b)
     }
 
+    /// Σ `wᵢqᵢ` of each row's lane over a Q8_0 group block's weights
+    /// `stored` (each `wᵢ + 128`) and an input block. The byte multiply
+    /// takes an unsigned operand and saturates its pair sums, so it
+    /// multiplies `|wᵢ|` with `qᵢ` carrying `wᵢ`'s sign.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn q8_0_dot_avx2(stored: &[__m256i; 8], input: &InputBlock) -> __m256i {
+        let mut sums = [_mm256_setzero_si256(); 2];
+        for (k, stored) in stored.iter().enumerate() {
+            let signed = _mm256_xor_si256(*stored, _mm256_set1_epi8(0x80u8 as i8));
+            let quants = _mm256_sign_epi8(four(&input.quants, k), signed);
+            let magnitudes = _mm256_sign_epi8(signed, signed);
+            sums[k / 4] = dot_bytes_avx2(sums[k / 4], magnitudes, quants);
+        }
+        _mm256_add_epi32(sums[0], sums[1])
+    }
+
+    /// [`q8_0_dot_avx2`] with VNNI, whose byte multiply does not saturate:
+    /// the stored `wᵢ + 128` go in as they are, and `128·Σ qᵢ` comes off once.
+    #[inline]
+    #[target_feature(enable = "avx512vnni,avx512vl")]
+    fn q8_0_dot_vnni(stored: &[__m256i; 8], input: &InputBlock) -> __m256i {
+        let mut first = _mm256_set1_epi32(-128 * input.total());
+        let mut second = _mm256_setzero_si256();
+        for k in 0..4 {
+            first = dot_bytes_vnni(first, stored[k], four(&input.quants, k));
+            second = dot_bytes_vnni(second, stored[4 + k], four(&input.quants, 4 + k));
+        }
+        _mm256_add_epi32(first, second)
+    }
+
     /// Values `4k..4k+4` of an input block, in every lane.
     #[inline]
     #[target_feature(enable = "avx2")]
@@ -676,7 +715,7 @@ mod kernel {
     /// The integer sums of a block are exact and each lane's floats add
     /// block after block, so a result does not depend on the tile's other rows.
     macro_rules! kernels {
-        ($features:literal, $dot_bytes:ident, $dot_pairs:ident) => {
+        ($features:literal, $dot_bytes:ident, $dot_pairs:ident, $q8_0_dot:ident) => {
             use super::*;
 
             by_rows!(q4_1, q4_1_tile, $features);
@@ -729,9 +768,7 @@ mod kernel {
 
             by_rows!(q8_0, q8_0_tile, $features);
 
-            /// Row `r` of a block contributes `d·s·Σ wᵢqᵢ`. The byte
-            /// multiply takes an unsigned operand, so it multiplies `|wᵢ|`
-            /// with `qᵢ` carrying `wᵢ`'s sign.
+            /// Row `r` of a block contributes `d·s·Σ wᵢqᵢ`.
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn q8_0_tile<const N: usize>(
@@ -747,24 +784,11 @@ mod kernel {
                 {
                     let at = block.as_ptr();
                     let scales = eight_f16(at);
-                    let mut signed = [_mm256_setzero_si256(); 8];
-                    let mut magnitudes = [_mm256_setzero_si256(); 8];
-                    for k in 0..8 {
-                        signed[k] = _mm256_loadu_si256(at.add(16 + 32 * k).cast());
-                        magnitudes[k] = _mm256_sign_epi8(signed[k], signed[k]);
-                    }
+                    let stored: [__m256i; 8] =
+                        std::array::from_fn(|k| _mm256_loadu_si256(at.add(16 + 32 * k).cast()));
                     for n in 0..N {
                         let input = &inputs[n][b];
-                        let mut first = _mm256_setzero_si256();
-                        let mut second = _mm256_setzero_si256();
-                        for k in 0..4 {
-                            let quants = _mm256_sign_epi8(four(&input.quants, k), signed[k]);
-                            first = $dot_bytes(first, magnitudes[k], quants);
-                            let quants =
-                                _mm256_sign_epi8(four(&input.quants, 4 + k), signed[4 + k]);
-                            second = $dot_bytes(second, magnitudes[4 + k], quants);
-                        }
-                        let dots = _mm256_cvtepi32_ps(_mm256_add_epi32(first, second));
+                        let dots = _mm256_cvtepi32_ps($q8_0_dot(&stored, input));
                         let scale = _mm256_mul_ps(scales, _mm256_set1_ps(input.scale));
                         sums[n] = _mm256_fmadd_ps(dots, scale, sums[n]);
                     }
@@ -921,14 +945,20 @@ mod kernel {
     }
 
     pub(super) mod avx2 {
-        kernels!("avx2,fma,f16c", dot_bytes_avx2, dot_pairs_avx2);
+        kernels!(
+            "avx2,fma,f16c",
+            dot_bytes_avx2,
+            dot_pairs_avx2,
+            q8_0_dot_avx2
+        );
     }
 
     pub(super) mod vnni {
         kernels!(
             "avx2,fma,f16c,avx512vnni,avx512vl",
             dot_bytes_vnni,
-            dot_pairs_vnni
+            dot_pairs_vnni,
+            q8_0_dot_vnni
         );
     }
 }
