@@ -215,39 +215,41 @@ pub struct Engine {
 impl Engine {
     /// Load the model `source` points at.
     pub fn load(source: &ModelSource, options: &LoadOptions) -> Result<Self> {
-        let chosen = device::resolve(options.device);
-        let device = device::open(chosen)?;
-        let (name, config, format, mut weights, digest) = match source {
-            ModelSource::Gguf { path, name } => {
-                let (content, file) = read_gguf_header(path)?;
-                let config = Config::from_gguf(&content, path)?;
-                let format =
-                    PromptFormat::new(name, Tokenizer::from_gguf(&content, name)?, &config)?;
-                let digest = source::sha256_file(path)?;
-                let weights = WeightFile::gguf(path, content, file);
-                (name, config, format, weights, digest)
-            }
-            ModelSource::HfDir { dir, name } => {
-                let config_path = dir.join("config.json");
-                let json = std::fs::read_to_string(&config_path)
-                    .map_err(|e| Error::io(&config_path, e))?;
-                let config = Config::from_hf_json(&json, &config_path)?;
-                let format = PromptFormat::new(name, Tokenizer::from_hf_dir(dir)?, &config)?;
-                let files = safetensors_files(dir)?;
-                let mut digests = vec![source::sha256_file(&config_path)?];
-                for file in &files {
-                    digests.push(source::sha256_file(file)?);
+        // Hashing a model of a gigabyte takes most of a second, and loading
+        // its weights keeps one core busy: the hash runs beside the load.
+        std::thread::scope(|scope| {
+            let digest = scope.spawn(|| model_digest(source));
+            let chosen = device::resolve(options.device);
+            let device = device::open(chosen)?;
+            let (name, config, format, mut weights) = match source {
+                ModelSource::Gguf { path, name } => {
+                    let (content, file) = read_gguf_header(path)?;
+                    let config = Config::from_gguf(&content, path)?;
+                    let format =
+                        PromptFormat::new(name, Tokenizer::from_gguf(&content, name)?, &config)?;
+                    let weights = WeightFile::gguf(path, content, file);
+                    (name, config, format, weights)
                 }
-                let digest = format!("{:x}", Sha256::digest(digests.concat()));
-                let weights = WeightFile::safetensors(dir, &files, &device)?;
-                (name, config, format, weights, digest)
-            }
-        };
-        let prefill = choose_prefill_weights(&config, options);
-        let kv_dtype = options.kv_dtype;
-        let model = Transformer::new(config, &mut weights, prefill, kv_dtype.dtype(), &device)?;
-        let identity = EngineIdentity::new(name, digest, prefill, chosen, kv_dtype);
-        Engine::new(identity, model, format)
+                ModelSource::HfDir { dir, name } => {
+                    let config_path = dir.join("config.json");
+                    let json = std::fs::read_to_string(&config_path)
+                        .map_err(|e| Error::io(&config_path, e))?;
+                    let config = Config::from_hf_json(&json, &config_path)?;
+                    let format = PromptFormat::new(name, Tokenizer::from_hf_dir(dir)?, &config)?;
+                    let files = safetensors_files(dir)?;
+                    let weights = WeightFile::safetensors(dir, &files, &device)?;
+                    (name, config, format, weights)
+                }
+            };
+            let prefill = choose_prefill_weights(&config, options);
+            let kv_dtype = options.kv_dtype;
+            let model = Transformer::new(config, &mut weights, prefill, kv_dtype.dtype(), &device)?;
+            let digest = digest
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+            let identity = EngineIdentity::new(name, digest, prefill, chosen, kv_dtype);
+            Engine::new(identity, model, format)
+        })
     }
 
     fn new(identity: EngineIdentity, model: Transformer, format: PromptFormat) -> Result<Self> {
@@ -563,6 +565,21 @@ fn choose_prefill_weights(config: &Config, options: &LoadOptions) -> PrefillWeig
             PrefillWeights::Quantized
         }
     })
+}
+
+/// sha256 of what a model is loaded from: the GGUF file, or a directory's
+/// config and safetensors files (the hash of their hashes).
+fn model_digest(source: &ModelSource) -> Result<String> {
+    match source {
+        ModelSource::Gguf { path, .. } => source::sha256_file(path),
+        ModelSource::HfDir { dir, .. } => {
+            let mut digests = vec![source::sha256_file(&dir.join("config.json"))?];
+            for file in &safetensors_files(dir)? {
+                digests.push(source::sha256_file(file)?);
+            }
+            Ok(format!("{:x}", Sha256::digest(digests.concat())))
+        }
+    }
 }
 
 /// The `*.safetensors` files of a model directory, in name order (shards are numbered).
