@@ -452,16 +452,28 @@ fn interleave(stored: &[u8], blocks: usize, format: Format) -> Vec<u8> {
     let block_bytes = format.block_bytes();
     let row_bytes = blocks * block_bytes;
     let groups = stored.len() / row_bytes / GROUP;
-    let mut interleaved = vec![0u8; groups * blocks * format.group_block_bytes()];
-    let group_blocks = interleaved.chunks_exact_mut(format.group_block_bytes());
-    for (index, out) in group_blocks.enumerate() {
-        let (group, block) = (index / blocks, index % blocks);
-        let rows = std::array::from_fn(|r| {
-            let at = (group * GROUP + r) * row_bytes + block * block_bytes;
-            &stored[at..at + block_bytes]
-        });
-        format.interleave_block(rows, out);
-    }
+    let group_block_bytes = format.group_block_bytes();
+    let mut interleaved = vec![0u8; groups * blocks * group_block_bytes];
+    // A model's weights are reordered at every load; the cores share it.
+    let per_thread = (groups * blocks).div_ceil(candle_core::utils::get_num_threads().max(1));
+    std::thread::scope(|scope| {
+        for (part, chunk) in interleaved
+            .chunks_mut(per_thread.max(1) * group_block_bytes)
+            .enumerate()
+        {
+            scope.spawn(move || {
+                for (i, out) in chunk.chunks_exact_mut(group_block_bytes).enumerate() {
+                    let index = part * per_thread + i;
+                    let (group, block) = (index / blocks, index % blocks);
+                    let rows = std::array::from_fn(|r| {
+                        let at = (group * GROUP + r) * row_bytes + block * block_bytes;
+                        &stored[at..at + block_bytes]
+                    });
+                    format.interleave_block(rows, out);
+                }
+            });
+        }
+    });
     interleaved
 }
 
