@@ -556,25 +556,43 @@ mod kernel {
         _mm256_dpwssd_epi32(acc, a, b)
     }
 
-    /// Σ `wᵢqᵢ` of each row's lane over a Q8_0 group block's weights
-    /// `stored` (each `wᵢ + 128`) and an input block. The byte multiply
-    /// takes an unsigned operand and saturates its pair sums, so it
-    /// multiplies `|wᵢ|` with `qᵢ` carrying `wᵢ`'s sign.
+    /// A Q8_0 group block's weights `stored` (each `wᵢ + 128`) as the AVX2
+    /// byte multiply takes them: it takes an unsigned operand and saturates
+    /// its pair sums, so it multiplies each `|wᵢ|` with `qᵢ` carrying `wᵢ`'s
+    /// sign. Returns the magnitudes and the signed weights, once per block
+    /// for all the input rows.
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn q8_0_dot_avx2(stored: &[__m256i; 8], input: &InputBlock) -> __m256i {
+    fn q8_0_weights_avx2(stored: &[__m256i; 8]) -> [[__m256i; 8]; 2] {
+        let signed = stored.map(|stored| _mm256_xor_si256(stored, _mm256_set1_epi8(0x80u8 as i8)));
+        [
+            signed.map(|signed| _mm256_sign_epi8(signed, signed)),
+            signed,
+        ]
+    }
+
+    /// Σ `wᵢqᵢ` of each row's lane over a Q8_0 group block, from
+    /// [`q8_0_weights_avx2`], and an input block.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn q8_0_dot_avx2([magnitudes, signed]: &[[__m256i; 8]; 2], input: &InputBlock) -> __m256i {
         let mut sums = [_mm256_setzero_si256(); 2];
-        for (k, stored) in stored.iter().enumerate() {
-            let signed = _mm256_xor_si256(*stored, _mm256_set1_epi8(0x80u8 as i8));
-            let quants = _mm256_sign_epi8(four(&input.quants, k), signed);
-            let magnitudes = _mm256_sign_epi8(signed, signed);
-            sums[k / 4] = dot_bytes_avx2(sums[k / 4], magnitudes, quants);
+        for k in 0..8 {
+            let quants = _mm256_sign_epi8(four(&input.quants, k), signed[k]);
+            sums[k / 4] = dot_bytes_avx2(sums[k / 4], magnitudes[k], quants);
         }
         _mm256_add_epi32(sums[0], sums[1])
     }
 
-    /// [`q8_0_dot_avx2`] with VNNI, whose byte multiply does not saturate:
-    /// the stored `wᵢ + 128` go in as they are, and `128·Σ qᵢ` comes off once.
+    /// [`q8_0_weights_avx2`] for VNNI, whose byte multiply does not
+    /// saturate: the stored `wᵢ + 128` go in as they are.
+    #[inline]
+    #[target_feature(enable = "avx512vnni,avx512vl")]
+    fn q8_0_weights_vnni(stored: &[__m256i; 8]) -> [__m256i; 8] {
+        *stored
+    }
+
+    /// [`q8_0_dot_avx2`] with VNNI: `128·Σ qᵢ` comes off once.
     #[inline]
     #[target_feature(enable = "avx512vnni,avx512vl")]
     fn q8_0_dot_vnni(stored: &[__m256i; 8], input: &InputBlock) -> __m256i {
@@ -727,7 +745,13 @@ mod kernel {
     /// The integer sums of a block are exact and each lane's floats add
     /// block after block, so a result does not depend on the tile's other rows.
     macro_rules! kernels {
-        ($features:literal, $dot_bytes:ident, $dot_pairs:ident, $q8_0_dot:ident) => {
+        (
+            $features:literal,
+            $dot_bytes:ident,
+            $dot_pairs:ident,
+            $q8_0_weights:ident,
+            $q8_0_dot:ident
+        ) => {
             use super::*;
 
             by_rows!(q4_1, q4_1_tile, $features);
@@ -798,9 +822,10 @@ mod kernel {
                     let scales = eight_f16(at);
                     let stored: [__m256i; 8] =
                         std::array::from_fn(|k| _mm256_loadu_si256(at.add(16 + 32 * k).cast()));
+                    let weights = $q8_0_weights(&stored);
                     for n in 0..N {
                         let input = &inputs[n][b];
-                        let dots = _mm256_cvtepi32_ps($q8_0_dot(&stored, input));
+                        let dots = _mm256_cvtepi32_ps($q8_0_dot(&weights, input));
                         let scale = _mm256_mul_ps(scales, _mm256_set1_ps(input.scale));
                         sums[n] = _mm256_fmadd_ps(dots, scale, sums[n]);
                     }
@@ -961,6 +986,7 @@ mod kernel {
             "avx2,fma,f16c",
             dot_bytes_avx2,
             dot_pairs_avx2,
+            q8_0_weights_avx2,
             q8_0_dot_avx2
         );
     }
@@ -970,6 +996,7 @@ mod kernel {
             "avx2,fma,f16c,avx512vnni,avx512vl",
             dot_bytes_vnni,
             dot_pairs_vnni,
+            q8_0_weights_vnni,
             q8_0_dot_vnni
         );
     }
