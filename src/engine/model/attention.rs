@@ -16,6 +16,9 @@ use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::{Mutex, PoisonError};
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
 /// The additive causal mask for `seq` queries at the last positions of `total`:
 /// query `i` (at position `total - seq + i`) sees keys `0..=total - seq + i`.
 /// `None` for a single query, which sees everything.
@@ -132,16 +135,53 @@ pub fn batch_attention(
     if !readable_on_cpu(queries, caches) {
         return batch_attention_by_ops(&queries.contiguous()?, caches, runs, scale);
     }
-    batch_attention_on_cpu(queries, caches, runs, scale, super::has_avx2_fma_f16c())
+    batch_attention_on_cpu(queries, caches, runs, scale, Kernel::best())
 }
 
-/// [`batch_attention`] on tensors [`readable_on_cpu`], with the AVX2 kernel when `vector`.
+/// The loops that attend on the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    /// Plain Rust, for any CPU and head width.
+    Portable,
+    /// AVX2 registers of eight floats.
+    Avx2,
+    /// AVX2's softmax and widening, with the scores and weighted sums in
+    /// AVX-512 registers of sixteen.
+    Avx512,
+}
+
+impl Kernel {
+    /// The fastest kernel this CPU runs.
+    fn best() -> Kernel {
+        if !super::has_avx2_fma_f16c() {
+            return Kernel::Portable;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx512f") {
+            return Kernel::Avx512;
+        }
+        Kernel::Avx2
+    }
+
+    /// This kernel, or a narrower one where heads `d` wide are not a whole
+    /// number of its registers.
+    fn for_width(self, d: usize) -> Kernel {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 if d.is_multiple_of(avx512::LANES) => Kernel::Avx512,
+            Kernel::Avx512 | Kernel::Avx2 if d.is_multiple_of(vector::LANES) => Kernel::Avx2,
+            _ => Kernel::Portable,
+        }
+    }
+}
+
+/// [`batch_attention`] on tensors [`readable_on_cpu`], with `kernel`.
 fn batch_attention_on_cpu(
     queries: &Tensor,
     caches: &[(Tensor, Tensor)],
     runs: &[usize],
     scale: f64,
-    vector: bool,
+    kernel: Kernel,
 ) -> Result<Tensor> {
     let mut views = Vec::with_capacity(queries.dim(0)?);
     for (cache, ((keys, _), &run)) in caches.iter().zip(runs).enumerate() {
@@ -150,7 +190,7 @@ fn batch_attention_on_cpu(
         })?;
         views.extend((1..=run).map(|row| (cache, earlier + row)));
     }
-    attention_on_cpu(queries, caches, |row| views[row], scale, vector)
+    attention_on_cpu(queries, caches, |row| views[row], scale, kernel)
 }
 
 /// Whether `batch_attention` and `prompt_attention` can read these tensors
@@ -193,20 +233,20 @@ pub fn prompt_attention(
         .transpose(1, 2)?
         .contiguous()?
         .reshape((seq, heads, 1, d))?;
-    batch_attention_on_cpu(&rows, &caches, &[seq], scale, super::has_avx2_fma_f16c())
+    batch_attention_on_cpu(&rows, &caches, &[seq], scale, Kernel::best())
 }
 
 /// Attention of CPU query rows `queries` `(rows, heads, 1, d)` in f32, each
 /// over a cache of `caches` (f32, f16 or bf16): row `r` attends to the first
 /// `visible` positions of `caches[cache]`, where `(cache, visible) =
-/// view(r)`. With the AVX2 kernel when `vector`, which only a CPU that
-/// passes [`super::has_avx2_fma_f16c`] may ask for. Returns `(1, rows, heads * d)`.
+/// view(r)`, with `kernel` (one that [`Kernel::best`] allows) or a narrower
+/// one where `d` asks for it. Returns `(1, rows, heads * d)`.
 fn attention_on_cpu(
     queries: &Tensor,
     caches: &[(Tensor, Tensor)],
     view: impl Fn(usize) -> (usize, usize) + Sync,
     scale: f64,
-    vector: bool,
+    kernel: Kernel,
 ) -> Result<Tensor> {
     let (count, heads, _, d) = queries.dims4()?;
     let queries = queries.contiguous()?;
@@ -236,9 +276,9 @@ fn attention_on_cpu(
     let kv_heads = sequences[0].0.heads;
     let groups = heads / kv_heads.max(1);
     let scale = scale as f32;
-    // The vector kernel reads whole blocks of eight; a head width it cannot
-    // split so (none of the supported models has one) takes the portable loop.
-    let vector = vector && d.is_multiple_of(vector::LANES);
+    // The vector kernels read whole registers; a head width they cannot
+    // split so (none of the supported models has one) takes a narrower one.
+    let kernel = kernel.for_width(d);
     let mut out = vec![0f32; count * heads * d];
     let tiles = tiles(&views);
     // Work item `tile * kv_heads + kv_head` is one tile's query heads that
@@ -261,11 +301,13 @@ fn attention_on_cpu(
             values: values.head(kv_head, seen),
             scale,
         };
-        match vector {
-            // SAFETY: the CPU has AVX2, FMA and F16C (`has_avx2_fma_f16c`),
-            // and `d` is a whole number of blocks.
+        match kernel {
+            // SAFETY: `Kernel::best` found AVX2, FMA and F16C, and AVX-512F
+            // for `Avx512`; `for_width` found `d` a whole number of registers.
             #[cfg(target_arch = "x86_64")]
-            true => unsafe { vector::attend(&tile, scratch, outs) },
+            Kernel::Avx2 => unsafe { vector::attend(&tile, scratch, outs, false) },
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => unsafe { vector::attend(&tile, scratch, outs, true) },
             _ => tile.attend(scratch, outs),
         }
     };
@@ -536,7 +578,9 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// head's output kept in registers through every position of a chunk. The
 /// chunks continue the same sums. Every score and output therefore rounds
 /// the same however positions, heads and rows are grouped, and a prompt row
-/// gets the bits a decode step would.
+/// gets the bits a decode step would. On a CPU with AVX-512 the scores and
+/// weighted sums come from [`avx512`]'s loops instead, which keep every
+/// head of a group in registers at once.
 #[cfg(target_arch = "x86_64")]
 mod vector {
     use super::{HeadRows, RowData, Scratch, Tile};
@@ -659,10 +703,19 @@ mod vector {
         scratch
     }
 
-    /// [`Tile::attend`] with AVX2. Each row's scores and sums take the same
-    /// steps in the same order as they would in a tile of that row alone.
+    /// [`Tile::attend`] with AVX2, and with the scores and weighted sums of
+    /// [`super::avx512`] when `wide`. Each row's scores and sums take the
+    /// same steps in the same order as they would in a tile of that row alone.
+    ///
+    /// # Safety
+    /// When `wide`, the CPU has AVX-512F and `d` is a multiple of sixteen.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn attend(tile: &Tile, scratch: &mut Scratch, outs: &mut [&mut [f32]]) {
+    pub(super) unsafe fn attend(
+        tile: &Tile,
+        scratch: &mut Scratch,
+        outs: &mut [&mut [f32]],
+        wide: bool,
+    ) {
         let (d, positions) = (tile.keys.d, tile.keys.positions);
         let groups = tile
             .rows
@@ -686,12 +739,14 @@ mod vector {
             for (&(queries, seen), scores) in tile.rows.iter().zip(scores.chunks_exact_mut(per_row))
             {
                 let keys = (keys, stride, count.min(seen.saturating_sub(first)));
-                score_chunk(
-                    (queries, d),
-                    keys,
-                    tile.scale,
-                    (&mut scores[first..], positions),
-                );
+                let scores = (&mut scores[first..], positions);
+                match wide {
+                    // SAFETY: as the caller promises.
+                    true => unsafe {
+                        super::avx512::score_chunk((queries, d), keys, tile.scale, scores)
+                    },
+                    false => score_chunk((queries, d), keys, tile.scale, scores),
+                }
             }
         }
         for (&(_, seen), scores) in tile.rows.iter().zip(scores.chunks_exact_mut(per_row)) {
@@ -712,7 +767,12 @@ mod vector {
                 .zip(outs.iter_mut())
             {
                 let values = (values, stride, count.min(seen.saturating_sub(first)));
-                add_weighted((&scores[first..], positions), values, out, d);
+                let weights = (&scores[first..], positions);
+                match wide {
+                    // SAFETY: as the caller promises.
+                    true => unsafe { super::avx512::add_weighted(weights, values, out, d) },
+                    false => add_weighted(weights, values, out, d),
+                }
             }
         }
     }
@@ -1145,6 +1205,41 @@ mod tests {
             .collect()
     }
 
+    impl Kernel {
+        /// Every kernel this CPU runs.
+        fn available() -> Vec<Kernel> {
+            match Kernel::best() {
+                Kernel::Portable => vec![Kernel::Portable],
+                Kernel::Avx2 => vec![Kernel::Portable, Kernel::Avx2],
+                Kernel::Avx512 => vec![Kernel::Portable, Kernel::Avx2, Kernel::Avx512],
+            }
+        }
+    }
+
+    /// Every kernel, with the query heads of a key/value head in one pass
+    /// or split over several (seven heads: four and three scored, six and
+    /// one weighted), over cache chunks and their tails.
+    #[test]
+    fn every_kernel_matches_the_matmul_path_for_any_grouping_of_heads() {
+        for (heads, kv_heads, d) in [(9, 3, 64), (12, 2, 128), (14, 2, 64), (2, 1, 32)] {
+            let (queries, caches) = decode_inputs(heads, kv_heads, &[5, 70], d);
+            let caches = stored_as(&caches, DType::F16);
+            let scale = 1.0 / (d as f64).sqrt();
+            let expected =
+                flat(&batch_attention_by_ops(&queries, &caches, &[1, 1], scale).unwrap());
+            for kernel in Kernel::available() {
+                let out = flat(
+                    &batch_attention_on_cpu(&queries, &caches, &[1, 1], scale, kernel).unwrap(),
+                );
+                let diff = max_difference(&out, &expected);
+                assert!(
+                    diff < 1e-5,
+                    "{kernel:?}, {heads}/{kv_heads} heads, d = {d}: {diff}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn decode_attention_matches_the_matmul_path() {
         // d = 20 leaves a tail after the blocks of eight.
@@ -1271,17 +1366,17 @@ mod tests {
                 let stored = stored_as(&caches, dtype);
                 let widened = stored_as(&stored, DType::F32);
                 let scale = 1.0 / (d as f64).sqrt();
-                for vector in [false, super::super::has_avx2_fma_f16c()] {
+                for kernel in Kernel::available() {
                     let attend = |caches: &[(Tensor, Tensor)]| {
                         flat(
-                            &batch_attention_on_cpu(&queries, caches, &[1, 1], scale, vector)
+                            &batch_attention_on_cpu(&queries, caches, &[1, 1], scale, kernel)
                                 .unwrap(),
                         )
                     };
                     assert_eq!(
                         attend(&stored),
                         attend(&widened),
-                        "{dtype:?}, d = {d}, vector kernel {vector}"
+                        "{dtype:?}, d = {d}, {kernel:?}"
                     );
                 }
             }
