@@ -709,6 +709,18 @@ mod kernel {
         })
     }
 
+    /// Calls `f(n)` for each input row `n < N` of a tile, unrolled: with a
+    /// constant `n` the arrays a kernel indexes by row stay in registers,
+    /// where a loop kept them on the stack.
+    #[inline(always)]
+    fn each_row<const N: usize>(mut f: impl FnMut(usize)) {
+        debug_assert!(N <= TILE);
+        macro_rules! rows {
+            ($($n:literal)*) => { $( if $n < N { f($n) } )* };
+        }
+        rows!(0 1 2 3 4 5 6 7);
+    }
+
     /// Stores each input row's eight sums in `out`.
     #[inline]
     #[target_feature(enable = "avx2")]
@@ -782,7 +794,7 @@ mod kernel {
                         low[k] = _mm256_and_si256(packed, nibbles);
                         high[k] = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), nibbles);
                     }
-                    for n in 0..N {
+                    each_row::<N>(|n| {
                         let input = &inputs[n][b];
                         // Two chains, for the low and high halves, halve the
                         // wait on each multiply-add's result.
@@ -797,7 +809,7 @@ mod kernel {
                         sums[n] = _mm256_fmadd_ps(dots, scale, sums[n]);
                         let sum = _mm256_set1_ps(input.scale * input.total() as f32);
                         sums[n] = _mm256_fmadd_ps(minimums, sum, sums[n]);
-                    }
+                    });
                 }
                 store(sums, out);
             }
@@ -823,12 +835,12 @@ mod kernel {
                     let stored: [__m256i; 8] =
                         std::array::from_fn(|k| _mm256_loadu_si256(at.add(16 + 32 * k).cast()));
                     let weights = $q8_0_weights(&stored);
-                    for n in 0..N {
+                    each_row::<N>(|n| {
                         let input = &inputs[n][b];
                         let dots = _mm256_cvtepi32_ps($q8_0_dot(&weights, input));
                         let scale = _mm256_mul_ps(scales, _mm256_set1_ps(input.scale));
                         sums[n] = _mm256_fmadd_ps(dots, scale, sums[n]);
-                    }
+                    });
                 }
                 store(sums, out);
             }
@@ -857,7 +869,7 @@ mod kernel {
                     for j in 0..8 {
                         let scales = eight_bytes(at.add(32 + 8 * j));
                         let values = block_nibbles(at.add(160 + 256 * (j / 2)), j);
-                        for n in 0..N {
+                        each_row::<N>(|n| {
                             let input = &inputs[n][8 * b + j];
                             let mut first = _mm256_setzero_si256();
                             let mut second = _mm256_setzero_si256();
@@ -868,7 +880,7 @@ mod kernel {
                             }
                             let dot = _mm256_mullo_epi32(_mm256_add_epi32(first, second), scales);
                             dots[n] = _mm256_add_epi32(dots[n], dot);
-                        }
+                        });
                     }
                     let mut minimums = [_mm256_setzero_si256(); N];
                     for k in 0..4 {
@@ -878,21 +890,21 @@ mod kernel {
                             _mm_loadl_epi64(at.add(96 + 16 * k).cast()),
                             _mm_loadl_epi64(at.add(104 + 16 * k).cast()),
                         ));
-                        for n in 0..N {
+                        each_row::<N>(|n| {
                             let (first, second) =
                                 (&inputs[n][8 * b + 2 * k], &inputs[n][8 * b + 2 * k + 1]);
                             // A total is at most 32 · 127 in magnitude.
                             let totals = paired(first.total(), second.total());
                             minimums[n] = $dot_pairs(minimums[n], mins, _mm256_set1_epi32(totals));
-                        }
+                        });
                     }
                     let (d, dmin) = (eight_f16(at), eight_f16(at.add(16)));
-                    for n in 0..N {
+                    each_row::<N>(|n| {
                         let scale = _mm256_set1_ps(inputs[n][8 * b].scale);
                         let (d, dmin) = (_mm256_mul_ps(d, scale), _mm256_mul_ps(dmin, scale));
                         sums[n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[n]), d, sums[n]);
                         sums[n] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(minimums[n]), dmin, sums[n]);
-                    }
+                    });
                 }
                 store(sums, out);
             }
@@ -950,7 +962,7 @@ mod kernel {
                                 _mm256_srli_epi16::<2>(parts[2]),
                             );
                         }
-                        for n in 0..N {
+                        each_row::<N>(|n| {
                             let input = &inputs[n][8 * b + j];
                             let mut first = _mm256_setzero_si256();
                             let mut second = _mm256_setzero_si256();
@@ -967,14 +979,14 @@ mod kernel {
                             let [low, high] = input.halves.map(i32::from);
                             let halves = _mm256_set1_epi32(paired(low, high));
                             offsets[n] = $dot_pairs(offsets[n], paired_scales, halves);
-                        }
+                        });
                     }
                     let d = eight_f16(at);
-                    for n in 0..N {
+                    each_row::<N>(|n| {
                         let dots = _mm256_sub_epi32(dots[n], _mm256_slli_epi32::<5>(offsets[n]));
                         let d = _mm256_mul_ps(d, _mm256_set1_ps(inputs[n][8 * b].scale));
                         sums[n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), d, sums[n]);
-                    }
+                    });
                 }
                 store(sums, out);
             }
