@@ -579,8 +579,8 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// chunks continue the same sums. Every score and output therefore rounds
 /// the same however positions, heads and rows are grouped, and a prompt row
 /// gets the bits a decode step would. On a CPU with AVX-512 the scores and
-/// weighted sums come from [`avx512`]'s loops instead, which keep every
-/// head of a group in registers at once.
+/// weighted sums come from [`avx512`]'s loops instead, which read each
+/// cache row once for up to four heads' scores or six heads' outputs.
 #[cfg(target_arch = "x86_64")]
 mod vector {
     use super::{HeadRows, RowData, Scratch, Tile};
