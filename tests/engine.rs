@@ -349,9 +349,9 @@ fn perplexity_matches_the_logits_of_each_prefix() {
 
 /// Sibling engines decoding at once share batched forward passes; each
 /// sequence's logits and greedy tokens must be what it gets alone.
-fn side_by_side_matches_alone(arch: TinyArch) {
+fn side_by_side_matches_alone(arch: TinyArch, kv_dtype: KvDtype) {
     let dir = tempfile::tempdir().unwrap();
-    let mut engine = load_tiny(arch, &dir);
+    let mut engine = load_tiny_storing(arch, &dir, kv_dtype);
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let jobs: Vec<(Vec<u32>, Vec<u32>)> = (0..4)
         .map(|_| {
@@ -409,12 +409,17 @@ fn side_by_side_matches_alone(arch: TinyArch) {
 
 #[test]
 fn llama_sequences_side_by_side_match_each_alone() {
-    side_by_side_matches_alone(TinyArch::Llama);
+    side_by_side_matches_alone(TinyArch::Llama, KvDtype::F32);
 }
 
 #[test]
 fn qwen2_sequences_side_by_side_match_each_alone() {
-    side_by_side_matches_alone(TinyArch::Qwen2);
+    side_by_side_matches_alone(TinyArch::Qwen2, KvDtype::F32);
+}
+
+#[test]
+fn sequences_side_by_side_with_an_8_bit_cache_match_each_alone() {
+    side_by_side_matches_alone(TinyArch::Qwen2, KvDtype::Q8);
 }
 
 /// A 16-bit cache rounds every key and value, cached or not, so reuse
@@ -425,10 +430,18 @@ fn with_a_16_bit_cache_reuse_still_equals_a_fresh_cache() {
     reuse_matches_fresh_cache_storing(TinyArch::Qwen2, KvDtype::Bf16);
 }
 
-/// Against f32 storage the rounding shows: prompt and decode logits stay
-/// within the bound the README gives for `--kv-dtype f16` and `bf16`.
+/// An 8-bit cache rounds each key and value once, when it is written, so
+/// reuse agrees with a fresh 8-bit cache to 1e-4 as well.
 #[test]
-fn a_16_bit_cache_keeps_logits_near_the_f32_ones() {
+fn with_an_8_bit_cache_reuse_still_equals_a_fresh_cache() {
+    reuse_matches_fresh_cache_storing(TinyArch::Llama, KvDtype::Q8);
+    reuse_matches_fresh_cache_storing(TinyArch::Qwen2, KvDtype::Q8);
+}
+
+/// Against f32 storage the rounding shows: prompt and decode logits stay
+/// within the bound the README gives for `--kv-dtype f16`, `bf16` and `q8`.
+#[test]
+fn a_rounded_cache_keeps_logits_near_the_f32_ones() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
     let prompt = random_tokens(&mut rng, 60..61);
     let steps = random_tokens(&mut rng, 10..11);
@@ -436,7 +449,11 @@ fn a_16_bit_cache_keeps_logits_near_the_f32_ones() {
     let mut exact = load_tiny(TinyArch::Llama, &dir);
     let prompt_f32 = exact.prefill(&prompt).unwrap().0;
     let decode_f32 = exact.extend(&steps).unwrap();
-    for (kv_dtype, bound) in [(KvDtype::F16, 1e-3), (KvDtype::Bf16, 1e-2)] {
+    for (kv_dtype, bound) in [
+        (KvDtype::F16, 1e-3),
+        (KvDtype::Bf16, 1e-2),
+        (KvDtype::Q8, 1e-2),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let mut rounded = load_tiny_storing(TinyArch::Llama, &dir, kv_dtype);
         let prompt_diff = max_abs_diff(&prompt_f32, &rounded.prefill(&prompt).unwrap().0);

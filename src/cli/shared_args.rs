@@ -77,8 +77,9 @@ pub struct EngineArgs {
     /// take prism's own kernel either way. Default: dense when the copy stays under 4 GiB.
     #[arg(long, value_parser = parse_prefill_weights)]
     pub prefill_weights: Option<PrefillWeights>,
-    /// How the KV cache stores keys and values: f32, or f16 or bf16 for half the memory (logits
-    /// move by about 2e-4 with f16 and 4e-3 with bf16 on the tiny test models).
+    /// How the KV cache stores keys and values: f32; f16 or bf16 for half the memory; q8 (8-bit
+    /// integers and a scale per row of a head, CPU only) for a quarter. Logits move by about 2e-4
+    /// with f16 and 4e-3 with bf16 or q8 on the tiny test models.
     #[arg(long, default_value = "f32", value_parser = parse_kv_dtype)]
     pub kv_dtype: KvDtype,
 }

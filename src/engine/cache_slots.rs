@@ -238,10 +238,11 @@ fn two_slots(slots: &mut [Slot], source: usize, target: usize) -> (&Slot, &mut S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{DType, Device};
+    use crate::engine::kv_cache::KvDtype;
+    use candle_core::Device;
 
     fn empty() -> KvCache {
-        KvCache::new(1, 1, 1, 64, DType::F32, &Device::Cpu)
+        KvCache::new(1, 1, 1, 64, KvDtype::F32, &Device::Cpu)
     }
 
     fn fill(slots: &mut CacheSlots, prompt: &[u32]) -> usize {

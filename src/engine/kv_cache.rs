@@ -16,7 +16,10 @@ const INITIAL_CAPACITY: usize = 256;
 /// computes in f32; a 16-bit cache halves the memory a long context takes
 /// and the bytes each decode step reads, and rounds every key and value to
 /// 16 bits, so logits move from f32's by more than the 1e-4 that cached and
-/// uncached runs agree to (see the README).
+/// uncached runs agree to (see the README). An 8-bit cache halves them
+/// again: each row of a head is stored as integers and one scale, which
+/// rounds a value by up to half a 127th of its row's largest magnitude. The
+/// CPU kernels alone read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KvDtype {
@@ -24,6 +27,7 @@ pub enum KvDtype {
     F32,
     F16,
     Bf16,
+    Q8,
 }
 
 impl KvDtype {
@@ -32,6 +36,16 @@ impl KvDtype {
             KvDtype::F32 => DType::F32,
             KvDtype::F16 => DType::F16,
             KvDtype::Bf16 => DType::BF16,
+            KvDtype::Q8 => DType::U8,
+        }
+    }
+
+    /// Stored elements per row of a head of `head_dim` values: an 8-bit
+    /// row's integers are followed by the bytes of its scale.
+    pub fn row_width(self, head_dim: usize) -> usize {
+        match self {
+            KvDtype::Q8 => head_dim + Q8_SCALE_BYTES,
+            _ => head_dim,
         }
     }
 
@@ -41,6 +55,7 @@ impl KvDtype {
             KvDtype::F32 => "f32",
             KvDtype::F16 => "f16",
             KvDtype::Bf16 => "bf16",
+            KvDtype::Q8 => "q8",
         }
     }
 
@@ -59,12 +74,39 @@ impl std::str::FromStr for KvDtype {
             "f32" => Ok(KvDtype::F32),
             "f16" => Ok(KvDtype::F16),
             "bf16" => Ok(KvDtype::Bf16),
+            "q8" => Ok(KvDtype::Q8),
             other => Err(crate::Error::invalid(
                 "--kv-dtype",
-                format!("`{other}` is not one of f32, f16, bf16"),
+                format!("`{other}` is not one of f32, f16, bf16, q8"),
             )),
         }
     }
+}
+
+/// Bytes after the integers of each row of an 8-bit cache: the row's f32
+/// scale, little-endian.
+pub(crate) const Q8_SCALE_BYTES: usize = 4;
+
+/// Rows of `head_dim` floats as the rows of an 8-bit cache: each value over
+/// its row's scale (the row's largest magnitude over 127), rounded to the
+/// nearest integer and stored as its two's-complement byte, then the scale.
+/// A row of zeros has scale zero.
+pub(crate) fn quantize_rows(values: &[f32], head_dim: usize) -> Vec<u8> {
+    let mut stored =
+        Vec::with_capacity(values.len() / head_dim.max(1) * (head_dim + Q8_SCALE_BYTES));
+    for row in values.chunks_exact(head_dim) {
+        let largest = row
+            .iter()
+            .fold(0f32, |largest, value| largest.max(value.abs()));
+        let scale = largest / 127.0;
+        let inverse = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        stored.extend(
+            row.iter()
+                .map(|value| (value * inverse).round() as i8 as u8),
+        );
+        stored.extend_from_slice(&scale.to_le_bytes());
+    }
+    stored
 }
 
 /// Length of the longest common prefix of two token sequences: what a
@@ -93,7 +135,7 @@ pub struct KvCache {
     max_len: usize,
     kv_heads: usize,
     head_dim: usize,
-    dtype: DType,
+    dtype: KvDtype,
     device: Device,
 }
 
@@ -104,7 +146,7 @@ impl KvCache {
         kv_heads: usize,
         head_dim: usize,
         max_len: usize,
-        dtype: DType,
+        dtype: KvDtype,
         device: &Device,
     ) -> Self {
         KvCache {
@@ -198,14 +240,15 @@ impl KvCache {
     }
 
     /// Replace this cache's contents with `tokens` and their keys and values,
-    /// one `(keys, values)` pair per layer shaped `(1, kv_heads, tokens, head_dim)`.
+    /// one `(keys, values)` pair per layer shaped `(1, kv_heads, tokens, width)`
+    /// in the storage dtype, `width` as [`KvDtype::row_width`] gives it.
     /// Refuses tensors of another layer count, shape or dtype, leaving the cache as it was.
     pub(crate) fn load_prefix(
         &mut self,
         tokens: &[u32],
         layers: &[(Tensor, Tensor)],
     ) -> Result<()> {
-        let expected = (1, self.kv_heads, tokens.len(), self.head_dim);
+        let expected = (1, self.kv_heads, tokens.len(), self.row_width());
         if layers.len() != self.layers.len() {
             return Err(crate::Error::invalid(
                 "KV cache",
@@ -218,14 +261,14 @@ impl KvCache {
         }
         for (keys, values) in layers {
             for tensor in [keys, values] {
-                if tensor.dims4().ok() != Some(expected) || tensor.dtype() != self.dtype {
+                if tensor.dims4().ok() != Some(expected) || tensor.dtype() != self.dtype.dtype() {
                     return Err(crate::Error::invalid(
                         "KV cache",
                         format!(
                             "a layer of shape {:?} and dtype {:?}, not {expected:?} and {:?}",
                             tensor.dims(),
                             tensor.dtype(),
-                            self.dtype
+                            self.dtype.dtype()
                         ),
                     ));
                 }
@@ -251,8 +294,8 @@ impl KvCache {
 
     /// Bytes of key and value storage currently allocated.
     pub fn allocated_bytes(&self) -> usize {
-        let per_layer =
-            2 * self.capacity * self.kv_heads * self.head_dim * self.dtype.size_in_bytes();
+        let row_bytes = self.row_width() * self.dtype.dtype().size_in_bytes();
+        let per_layer = 2 * self.capacity * self.kv_heads * row_bytes;
         per_layer * self.layers.iter().filter(|layer| layer.is_some()).count()
     }
 
@@ -272,13 +315,12 @@ impl KvCache {
             .next_power_of_two()
             .max(INITIAL_CAPACITY)
             .min(self.max_len);
-        let shape = (1, self.kv_heads, capacity, self.head_dim);
+        let shape = (1, self.kv_heads, capacity, self.row_width());
+        let dtype = self.dtype.dtype();
         for layer in &mut self.layers {
             let grown = LayerCache {
-                keys: Tensor::zeros(shape, self.dtype, &self.device)
-                    .context("allocating KV cache")?,
-                values: Tensor::zeros(shape, self.dtype, &self.device)
-                    .context("allocating KV cache")?,
+                keys: Tensor::zeros(shape, dtype, &self.device).context("allocating KV cache")?,
+                values: Tensor::zeros(shape, dtype, &self.device).context("allocating KV cache")?,
             };
             if let Some(old) = layer.as_ref().filter(|_| self.len > 0) {
                 let copy = |from: &Tensor, to: &Tensor| {
@@ -295,7 +337,8 @@ impl KvCache {
 
     /// Write `keys` and `values` of shape `(1, kv_heads, seq, head_dim)` for the
     /// positions after the cached ones, and return every position of this layer
-    /// so far, shaped `(1, kv_heads, cached + seq, head_dim)`.
+    /// so far as stored, shaped `(1, kv_heads, cached + seq, width)` (see
+    /// [`KvDtype::row_width`]).
     ///
     /// Call [`KvCache::reserve`] first and [`KvCache::commit`] once all layers are written.
     pub(crate) fn append(
@@ -308,8 +351,8 @@ impl KvCache {
         let store = self.layers[layer]
             .as_ref()
             .expect("reserve() allocates every layer before append()");
-        let keys = keys.to_dtype(self.dtype).context("KV cache append")?;
-        let values = values.to_dtype(self.dtype).context("KV cache append")?;
+        let keys = self.stored(keys).context("KV cache append")?;
+        let values = self.stored(values).context("KV cache append")?;
         store
             .keys
             .slice_set(&keys, 2, self.len)
@@ -325,6 +368,21 @@ impl KvCache {
         ))
     }
 
+    /// `rows` `(1, kv_heads, seq, head_dim)` as this cache stores them.
+    fn stored(&self, rows: &Tensor) -> candle_core::Result<Tensor> {
+        if self.dtype != KvDtype::Q8 {
+            return rows.to_dtype(self.dtype.dtype());
+        }
+        let (_, heads, seq, head_dim) = rows.dims4()?;
+        let values = rows.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let shape = (1, heads, seq, self.row_width());
+        Tensor::from_vec(quantize_rows(&values, head_dim), shape, &self.device)
+    }
+
+    fn row_width(&self) -> usize {
+        self.dtype.row_width(self.head_dim)
+    }
+
     /// Record that every layer now holds `tokens` after the previously cached positions.
     pub(crate) fn commit(&mut self, tokens: &[u32]) {
         self.len += tokens.len();
@@ -338,7 +396,7 @@ impl KvCache {
     pub(crate) fn append_zeros_for_test(&mut self, tokens: &[u32]) {
         self.reserve(tokens.len()).unwrap();
         let shape = (1, self.kv_heads, tokens.len(), self.head_dim);
-        let zeros = Tensor::zeros(shape, self.dtype, &self.device).unwrap();
+        let zeros = Tensor::zeros(shape, DType::F32, &self.device).unwrap();
         for layer in 0..self.layers.len() {
             self.append(layer, &zeros, &zeros).unwrap();
         }
@@ -351,7 +409,7 @@ mod tests {
     use super::*;
 
     fn cache(max_len: usize) -> KvCache {
-        KvCache::new(2, 2, 1, max_len, DType::F32, &Device::Cpu)
+        KvCache::new(2, 2, 1, max_len, KvDtype::F32, &Device::Cpu)
     }
 
     fn step(cache: &mut KvCache, tokens: &[u32]) -> Tensor {
@@ -409,6 +467,41 @@ mod tests {
         let keys = step(&mut copy, &[6]);
         let keys: Vec<f32> = keys.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(keys, vec![1.0, 2.0, 3.0, 6.0, -1.0, -2.0, -3.0, -6.0]);
+    }
+
+    #[test]
+    fn an_8_bit_row_is_its_integers_then_its_scale() {
+        let row = [0.5f32, -1.27, 0.0, 1.0];
+        let stored = quantize_rows(&row, 4);
+        assert_eq!(stored.len(), 4 + Q8_SCALE_BYTES);
+        let scale = f32::from_le_bytes(stored[4..].try_into().unwrap());
+        assert_eq!(scale, 1.27 / 127.0);
+        let integers: Vec<i8> = stored[..4].iter().map(|&b| b as i8).collect();
+        assert_eq!(integers, vec![50, -127, 0, 100]);
+        for (&value, &integer) in row.iter().zip(&integers) {
+            assert!((f32::from(integer) * scale - value).abs() <= scale / 2.0);
+        }
+        assert_eq!(quantize_rows(&[0.0; 4], 4), vec![0; 4 + Q8_SCALE_BYTES]);
+    }
+
+    #[test]
+    fn an_8_bit_cache_stores_rows_with_their_scales() {
+        let mut cache = KvCache::new(1, 2, 4, 64, KvDtype::Q8, &Device::Cpu);
+        let rows: Vec<f32> = (0..16).map(|i| i as f32 - 7.5).collect();
+        let kv = Tensor::from_vec(rows.clone(), (1, 2, 2, 4), &Device::Cpu).unwrap();
+        cache.reserve(2).unwrap();
+        let (keys, _) = cache.append(0, &kv, &kv).unwrap();
+        cache.commit(&[1, 2]);
+        assert_eq!(keys.dims(), &[1, 2, 2, 4 + Q8_SCALE_BYTES]);
+        let stored: Vec<u8> = keys.flatten_all().unwrap().to_vec1().unwrap();
+        assert_eq!(stored, quantize_rows(&rows, 4));
+        // Keys and values, room for the context of 64, two heads' rows.
+        assert_eq!(cache.allocated_bytes(), 2 * 64 * 2 * (4 + Q8_SCALE_BYTES));
+        let layers = cache.prefix_tensors(2).unwrap();
+        let mut copy = KvCache::new(1, 2, 4, 64, KvDtype::Q8, &Device::Cpu);
+        copy.load_prefix(&[1, 2], &layers).unwrap();
+        let mut floats = KvCache::new(1, 2, 4, 64, KvDtype::F32, &Device::Cpu);
+        assert!(floats.load_prefix(&[1, 2], &layers).is_err());
     }
 
     #[test]

@@ -222,6 +222,12 @@ impl Engine {
             let digest = scope.spawn(|| model_digest(source));
             let chosen = device::resolve(options.device);
             let device = device::open(chosen)?;
+            if options.kv_dtype == KvDtype::Q8 && !device.is_cpu() {
+                return Err(Error::invalid(
+                    "--kv-dtype",
+                    "q8 is read by the CPU kernels only; use f16 or bf16 on a GPU",
+                ));
+            }
             let (name, config, format, mut weights) = match source {
                 ModelSource::Gguf { path, name } => {
                     let (content, file) = read_gguf_header(path)?;
@@ -244,7 +250,7 @@ impl Engine {
             };
             let prefill = choose_prefill_weights(&config, options);
             let kv_dtype = options.kv_dtype;
-            let model = Transformer::new(config, &mut weights, prefill, kv_dtype.dtype(), &device)?;
+            let model = Transformer::new(config, &mut weights, prefill, kv_dtype, &device)?;
             let digest = digest
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;

@@ -3,12 +3,13 @@
 //! On the CPU, one kernel serves prompts and decode steps alike: each query
 //! row passes once over the cache rows it may see, with the query heads that
 //! share a key/value head reading each row together, straight from an f32,
-//! f16 or bf16 cache. A prompt's rows go a few at a time, so that each chunk
+//! f16, bf16 or 8-bit cache. A prompt's rows go a few at a time, so that each chunk
 //! of cache rows is read and widened once for all of them. A prompt's masked
 //! scores are never computed and no score matrix is kept. Other devices
 //! stack those query heads into one matrix per key/value head and attend
 //! with two matmuls.
 
+use crate::engine::kv_cache::Q8_SCALE_BYTES;
 use candle_core::{CpuStorage, DType, Device, Layout, Result, Storage, Tensor};
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
@@ -194,10 +195,10 @@ fn batch_attention_on_cpu(
 }
 
 /// Whether `batch_attention` and `prompt_attention` can read these tensors
-/// in place: f32 queries and an f32, f16 or bf16 cache, all on the CPU.
+/// in place: f32 queries and an f32, f16, bf16 or 8-bit cache, all on the CPU.
 fn readable_on_cpu(queries: &Tensor, caches: &[(Tensor, Tensor)]) -> bool {
     let on_cpu = |t: &Tensor, dtypes: &[DType]| t.device().is_cpu() && dtypes.contains(&t.dtype());
-    let cache_dtypes = [DType::F32, DType::F16, DType::BF16];
+    let cache_dtypes = [DType::F32, DType::F16, DType::BF16, DType::U8];
     on_cpu(queries, &[DType::F32])
         && caches
             .iter()
@@ -225,7 +226,7 @@ pub fn prompt_attention(
     let caches = [(keys.clone(), values.clone())];
     if !readable_on_cpu(queries, &caches) {
         let mask = causal_mask(seq, total, queries.device())?;
-        let (keys, values) = (keys.to_dtype(DType::F32)?, values.to_dtype(DType::F32)?);
+        let (keys, values) = (as_floats(keys, DType::F32)?, as_floats(values, DType::F32)?);
         return causal_attention(queries, &keys, &values, mask.as_ref(), scale);
     }
     // Row after row of `heads * d`, as the kernel takes one query per row.
@@ -360,8 +361,8 @@ fn batch_attention_by_ops(
             .narrow(0, first, run)?
             .transpose(0, 2)?
             .contiguous()?;
-        let keys = keys.to_dtype(query.dtype())?;
-        let values = values.to_dtype(query.dtype())?;
+        let keys = as_floats(keys, query.dtype())?;
+        let values = as_floats(values, query.dtype())?;
         let mask = causal_mask(run, keys.dim(2)?, query.device())?;
         outputs.push(causal_attention(
             &query,
@@ -375,15 +376,50 @@ fn batch_attention_by_ops(
     Tensor::cat(&outputs, 1)
 }
 
-/// A cache tensor's storage, in the dtype it holds.
+/// A float cache tensor in `dtype`, for the tensor-op path. An 8-bit
+/// cache's bytes are not its values, and only the CPU kernels read it.
+fn as_floats(cache: &Tensor, dtype: DType) -> Result<Tensor> {
+    if cache.dtype() == DType::U8 {
+        candle_core::bail!("an 8-bit KV cache is read by the CPU attention kernels only");
+    }
+    cache.to_dtype(dtype)
+}
+
+/// A cache tensor's storage, in the dtype it holds. An 8-bit cache's bytes
+/// are the integers of each row followed by the row's scale.
 #[derive(Clone, Copy)]
 enum RowData<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
     Bf16(&'a [bf16]),
+    Q8(&'a [i8]),
 }
 
-/// The rows of one cache tensor `(1, kv_heads, positions, head_dim)` as a
+/// What a cache row's stored elements are multiplied by to give the values
+/// they stand for: one for float rows, the scale stored after an 8-bit
+/// row's integers. The kernels apply it once per row and score, never per
+/// element, so that it costs a float row nothing and changes none of its bits.
+trait RowScale: Copy {
+    /// # Safety
+    /// `row` starts a stored row of `d` values, its scale included.
+    unsafe fn row_scale(_row: *const Self, _d: usize) -> f32 {
+        1.0
+    }
+}
+
+impl RowScale for f32 {}
+impl RowScale for f16 {}
+impl RowScale for bf16 {}
+
+impl RowScale for i8 {
+    unsafe fn row_scale(row: *const i8, d: usize) -> f32 {
+        // SAFETY: as the caller promises; the scale's bytes follow the integers.
+        let bytes = unsafe { row.add(d).cast::<[u8; Q8_SCALE_BYTES]>().read_unaligned() };
+        f32::from_le_bytes(bytes)
+    }
+}
+
+/// The rows of one cache tensor `(1, kv_heads, positions, width)` as a
 /// slice of its storage, whatever its capacity beyond `positions`.
 struct Rows<'a> {
     data: RowData<'a>,
@@ -393,13 +429,19 @@ struct Rows<'a> {
     heads: usize,
     positions: usize,
     d: usize,
+    /// Stored elements per row: `d`, and an 8-bit row's scale.
+    width: usize,
 }
 
 impl<'a> Rows<'a> {
     fn new(storage: &'a Storage, layout: &'a Layout, d: usize) -> Result<Self> {
         let (_, heads, positions, width) = layout.shape().dims4()?;
         let stride = layout.stride();
-        if width != d || stride[3] != 1 {
+        let row_width = match storage {
+            Storage::Cpu(CpuStorage::U8(_)) => d + Q8_SCALE_BYTES,
+            _ => d,
+        };
+        if width != row_width || stride[3] != 1 {
             candle_core::bail!(
                 "a cache of shape {:?} and strides {stride:?}",
                 layout.dims()
@@ -411,6 +453,11 @@ impl<'a> Rows<'a> {
         let data = match cpu {
             CpuStorage::F16(data) => RowData::F16(data),
             CpuStorage::BF16(data) => RowData::Bf16(data),
+            // SAFETY: i8 and u8 have the same size and alignment, and every
+            // byte is a valid i8.
+            CpuStorage::U8(data) => RowData::Q8(unsafe {
+                std::slice::from_raw_parts(data.as_ptr().cast::<i8>(), data.len())
+            }),
             _ => RowData::F32(cpu.as_slice::<f32>()?),
         };
         Ok(Rows {
@@ -421,6 +468,7 @@ impl<'a> Rows<'a> {
             heads,
             positions,
             d,
+            width,
         })
     }
 
@@ -429,18 +477,20 @@ impl<'a> Rows<'a> {
         let first = self.start + head * self.head_stride;
         let end = match positions {
             0 => first,
-            positions => first + (positions - 1) * self.row_stride + self.d,
+            positions => first + (positions - 1) * self.row_stride + self.width,
         };
         let data = match self.data {
             RowData::F32(data) => RowData::F32(&data[first..end]),
             RowData::F16(data) => RowData::F16(&data[first..end]),
             RowData::Bf16(data) => RowData::Bf16(&data[first..end]),
+            RowData::Q8(data) => RowData::Q8(&data[first..end]),
         };
         HeadRows {
             data,
             stride: self.row_stride,
             positions,
             d: self.d,
+            width: self.width,
         }
     }
 }
@@ -451,10 +501,12 @@ struct HeadRows<'a> {
     stride: usize,
     positions: usize,
     d: usize,
+    width: usize,
 }
 
 impl HeadRows<'_> {
-    /// Row `j` as f32: in place when the cache is f32, else widened into `scratch`.
+    /// Row `j` as f32: in place when the cache is f32, else widened (or
+    /// scaled) into `scratch`.
     fn row<'b>(&'b self, j: usize, scratch: &'b mut [f32]) -> &'b [f32] {
         let range = j * self.stride..j * self.stride + self.d;
         match self.data {
@@ -465,6 +517,14 @@ impl HeadRows<'_> {
             }
             RowData::Bf16(data) => {
                 data[range].convert_to_f32_slice(scratch);
+                scratch
+            }
+            RowData::Q8(data) => {
+                // SAFETY: the row's scale follows its `d` integers in `data`.
+                let scale = unsafe { i8::row_scale(data.as_ptr().add(range.start), self.d) };
+                for (out, &value) in scratch.iter_mut().zip(&data[range]) {
+                    *out = f32::from(value) * scale;
+                }
                 scratch
             }
         }
@@ -583,7 +643,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// cache row once for up to four heads' scores or six heads' outputs.
 #[cfg(target_arch = "x86_64")]
 mod vector {
-    use super::{HeadRows, RowData, Scratch, Tile};
+    use super::{HeadRows, RowData, RowScale, Scratch, Tile};
     use half::{bf16, f16};
     use std::arch::x86_64::*;
 
@@ -617,7 +677,7 @@ mod vector {
     }
 
     /// A value of a cache the kernels read eight at a time, as f32.
-    trait Lane: Copy {
+    trait Lane: RowScale {
         /// The eight values from `at`, widened exactly.
         ///
         /// # Safety
@@ -653,11 +713,23 @@ mod vector {
         }
     }
 
+    impl Lane for i8 {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn eight(at: *const i8) -> __m256 {
+            // SAFETY: as the caller promises.
+            let bytes = unsafe { _mm_loadl_epi64(at.cast()) };
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))
+        }
+    }
+
     /// Rows `first..first + count` of `rows` and their stride: widened to
     /// f32 into `scratch` (`d` apart) when `widen` and the cache is 16-bit,
     /// else in place. A tile of several rows reads each row once per row and
     /// head pair, so widening it once first saves conversions; a single row
-    /// (a decode step) is better served by converting as it reads.
+    /// (a decode step) is better served by converting as it reads. An 8-bit
+    /// cache is always read in place: its scale applies to a score as a
+    /// whole, which a widened row could not give a prompt row bit for bit.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn chunk<'a>(
@@ -667,9 +739,10 @@ mod vector {
         scratch: &'a mut Vec<f32>,
     ) -> (RowData<'a>, usize) {
         let (d, stride) = (rows.d, rows.stride);
-        let span = first * stride..(first + count - 1) * stride + d;
+        let span = first * stride..(first + count - 1) * stride + rows.width;
         let data = match rows.data {
             RowData::F32(data) => RowData::F32(&data[span]),
+            RowData::Q8(data) => RowData::Q8(&data[span]),
             RowData::F16(data) if !widen => RowData::F16(&data[span]),
             RowData::Bf16(data) if !widen => RowData::Bf16(&data[span]),
             RowData::F16(data) => {
@@ -876,6 +949,7 @@ mod vector {
             RowData::F32(keys) => score_rows(queries, (keys, stride, count), scale, scores),
             RowData::F16(keys) => score_rows(queries, (keys, stride, count), scale, scores),
             RowData::Bf16(keys) => score_rows(queries, (keys, stride, count), scale, scores),
+            RowData::Q8(keys) => score_rows(queries, (keys, stride, count), scale, scores),
         }
     }
 
@@ -938,10 +1012,15 @@ mod vector {
                 }
             }
         }
+        // SAFETY: each of the P rows is whole within `keys`, checked above.
+        let row_scales: [f32; P] =
+            std::array::from_fn(|p| unsafe { L::row_scale(keys.as_ptr().add(p * stride), d) });
+        let lane_scales: [f32; LANES] = std::array::from_fn(|lane| row_scales[lane % P]);
         let mut lanes = [0f32; LANES];
-        // SAFETY: `lanes` holds eight floats.
+        // SAFETY: `lanes` and `lane_scales` hold eight floats.
         unsafe {
-            let scores = _mm256_mul_ps(sum_each(&sums), _mm256_set1_ps(scale));
+            let sums = _mm256_mul_ps(sum_each(&sums), _mm256_loadu_ps(lane_scales.as_ptr()));
+            let scores = _mm256_mul_ps(sums, _mm256_set1_ps(scale));
             _mm256_storeu_ps(lanes.as_mut_ptr(), scores);
         }
         for h in 0..H {
@@ -966,6 +1045,7 @@ mod vector {
             RowData::F32(values) => weigh_rows(weights, (values, stride, count), out, d),
             RowData::F16(values) => weigh_rows(weights, (values, stride, count), out, d),
             RowData::Bf16(values) => weigh_rows(weights, (values, stride, count), out, d),
+            RowData::Q8(values) => weigh_rows(weights, (values, stride, count), out, d),
         }
     }
 
@@ -1019,11 +1099,13 @@ mod vector {
         for j in 0..count {
             // SAFETY: within value row `j` and each head's weights, checked above.
             unsafe {
-                let value: [__m256; B] = std::array::from_fn(|b| {
-                    L::eight(values.as_ptr().add(j * stride + part + b * LANES))
-                });
+                let row = values.as_ptr().add(j * stride);
+                let value: [__m256; B] =
+                    std::array::from_fn(|b| L::eight(row.add(part + b * LANES)));
+                let row_scale = L::row_scale(row, d);
                 for (h, sums) in sums.iter_mut().enumerate() {
-                    let weight = _mm256_set1_ps(*weights.get_unchecked(h * positions + j));
+                    let weight = *weights.get_unchecked(h * positions + j) * row_scale;
+                    let weight = _mm256_set1_ps(weight);
                     for (sum, value) in sums.iter_mut().zip(&value) {
                         *sum = _mm256_fmadd_ps(weight, *value, *sum);
                     }
@@ -1197,12 +1279,42 @@ mod tests {
         t.flatten_all().unwrap().to_vec1().unwrap()
     }
 
-    /// Each cache's keys and values converted to `dtype`.
+    /// Each cache's keys and values converted to `dtype`, or for `U8`
+    /// stored as an 8-bit cache stores them.
     fn stored_as(caches: &[(Tensor, Tensor)], dtype: DType) -> Vec<(Tensor, Tensor)> {
-        caches
-            .iter()
-            .map(|(k, v)| (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap()))
-            .collect()
+        let store = |t: &Tensor| {
+            if dtype != DType::U8 {
+                return t.to_dtype(dtype).unwrap();
+            }
+            let (_, heads, positions, d) = t.dims4().unwrap();
+            let rows = flat(&t.contiguous().unwrap());
+            let bytes = crate::engine::kv_cache::quantize_rows(&rows, d);
+            Tensor::from_vec(
+                bytes,
+                (1, heads, positions, d + Q8_SCALE_BYTES),
+                &Device::Cpu,
+            )
+            .unwrap()
+        };
+        caches.iter().map(|(k, v)| (store(k), store(v))).collect()
+    }
+
+    /// The f32 values an 8-bit cache `stored_as` gave stands for.
+    fn dequantized(caches: &[(Tensor, Tensor)]) -> Vec<(Tensor, Tensor)> {
+        let values = |t: &Tensor| {
+            let (_, heads, positions, width) = t.dims4().unwrap();
+            let d = width - Q8_SCALE_BYTES;
+            let bytes: Vec<u8> = t.flatten_all().unwrap().to_vec1().unwrap();
+            let floats: Vec<f32> = bytes
+                .chunks_exact(width)
+                .flat_map(|row| {
+                    let scale = f32::from_le_bytes(row[d..].try_into().unwrap());
+                    row[..d].iter().map(move |&b| f32::from(b as i8) * scale)
+                })
+                .collect();
+            Tensor::from_vec(floats, (1, heads, positions, d), &Device::Cpu).unwrap()
+        };
+        caches.iter().map(|(k, v)| (values(k), values(v))).collect()
     }
 
     impl Kernel {
@@ -1219,25 +1331,42 @@ mod tests {
     /// Every kernel, with the query heads of a key/value head in one pass
     /// or split over several (seven heads: four and three scored, six and
     /// one weighted), over cache chunks and their tails.
+    ///
+    /// An 8-bit cache attends as the f32 values its rows stand for, up to
+    /// the order of rounding: a score's scale applies to its sum.
     #[test]
     fn every_kernel_matches_the_matmul_path_for_any_grouping_of_heads() {
         for (heads, kv_heads, d) in [(9, 3, 64), (12, 2, 128), (14, 2, 64), (2, 1, 32)] {
             let (queries, caches) = decode_inputs(heads, kv_heads, &[5, 70], d);
-            let caches = stored_as(&caches, DType::F16);
-            let scale = 1.0 / (d as f64).sqrt();
-            let expected =
-                flat(&batch_attention_by_ops(&queries, &caches, &[1, 1], scale).unwrap());
-            for kernel in Kernel::available() {
-                let out = flat(
-                    &batch_attention_on_cpu(&queries, &caches, &[1, 1], scale, kernel).unwrap(),
-                );
-                let diff = max_difference(&out, &expected);
-                assert!(
-                    diff < 1e-5,
-                    "{kernel:?}, {heads}/{kv_heads} heads, d = {d}: {diff}"
-                );
+            for dtype in [DType::F16, DType::U8] {
+                let caches = stored_as(&caches, dtype);
+                let floats = match dtype {
+                    DType::U8 => dequantized(&caches),
+                    _ => caches.clone(),
+                };
+                let scale = 1.0 / (d as f64).sqrt();
+                let expected =
+                    flat(&batch_attention_by_ops(&queries, &floats, &[1, 1], scale).unwrap());
+                for kernel in Kernel::available() {
+                    let out = batch_attention_on_cpu(&queries, &caches, &[1, 1], scale, kernel);
+                    let diff = max_difference(&flat(&out.unwrap()), &expected);
+                    assert!(
+                        diff < 1e-5,
+                        "{kernel:?} on {dtype:?}, {heads}/{kv_heads} heads, d = {d}: {diff}"
+                    );
+                }
             }
         }
+    }
+
+    /// The tensor-op path cannot read an 8-bit cache's bytes as values and
+    /// says so instead of attending to them.
+    #[test]
+    fn the_matmul_path_refuses_an_8_bit_cache() {
+        let (queries, caches) = decode_inputs(6, 2, &[5], 64);
+        let caches = stored_as(&caches, DType::U8);
+        let err = batch_attention_by_ops(&queries, &caches, &[1], 0.125).unwrap_err();
+        assert!(err.to_string().contains("8-bit"), "{err}");
     }
 
     #[test]
@@ -1282,7 +1411,14 @@ mod tests {
     /// last partial tile and chunk boundaries of the widened cache rows.
     #[test]
     fn a_prompt_row_attends_as_a_decode_step_would() {
-        for (dtype, d) in [(DType::F16, 64), (DType::F32, 64), (DType::BF16, 20)] {
+        let cases = [
+            (DType::F16, 64),
+            (DType::F32, 64),
+            (DType::BF16, 20),
+            (DType::U8, 64),
+            (DType::U8, 20),
+        ];
+        for (dtype, d) in cases {
             let (heads, kv_heads, seq, total) = (6, 2, 2 * TILE_ROWS + 3, 150);
             let (rows, caches) = decode_inputs(heads, kv_heads, &[total; 1], d);
             let [(keys, values)] = <[_; 1]>::try_from(stored_as(&caches, dtype)).unwrap();

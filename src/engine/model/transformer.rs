@@ -7,7 +7,7 @@
 use super::attention::{batch_attention, prompt_attention};
 use super::weights::{Embedding, Linear, Pass, PrefillWeights, Projections, WeightFile};
 use super::Config;
-use crate::engine::kv_cache::KvCache;
+use crate::engine::kv_cache::{KvCache, KvDtype};
 use crate::error::{CandleContext, Result};
 use candle_core::{DType, Device, Tensor};
 
@@ -76,7 +76,7 @@ pub struct Transformer {
     lm_head: Linear,
     rope: Rope,
     /// What the KV caches made by [`Transformer::new_cache`] store.
-    kv_dtype: DType,
+    kv_dtype: KvDtype,
     device: Device,
 }
 
@@ -86,7 +86,7 @@ impl Transformer {
         config: Config,
         weights: &mut WeightFile,
         prefill: PrefillWeights,
-        kv_dtype: DType,
+        kv_dtype: KvDtype,
         device: &Device,
     ) -> Result<Self> {
         let c = &config;

@@ -1,11 +1,11 @@
 use super::*;
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 const MODEL: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 const OTHER_MODEL: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
 
 fn empty_cache() -> KvCache {
-    KvCache::new(2, 2, 3, 4096, DType::F32, &Device::Cpu)
+    KvCache::new(2, 2, 3, 4096, KvDtype::F32, &Device::Cpu)
 }
 
 /// A cache holding `tokens`, each position's keys and values derived from
@@ -72,6 +72,41 @@ fn a_stored_prefix_comes_back_exactly_in_another_instance() {
     assert_eq!(cache.tokens(), &tokens[..30]);
     assert_eq!(contents(&cache), contents(&cache_of(&tokens[..30])));
     assert_eq!(later.longest_prefix(&[99, 1]).unwrap(), None);
+}
+
+/// An 8-bit cache's entry holds its integers and scales as they were, and
+/// a cache of another dtype does not see it.
+#[test]
+fn an_8_bit_cache_comes_back_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens: Vec<u32> = (1..=12).collect();
+    let mut stored = KvCache::new(2, 2, 3, 4096, KvDtype::Q8, &Device::Cpu);
+    stored.reserve(tokens.len()).unwrap();
+    let floats = cache_of(&tokens).prefix_tensors(tokens.len()).unwrap();
+    for (layer, (keys, values)) in floats.iter().enumerate() {
+        stored.append(layer, keys, values).unwrap();
+    }
+    stored.commit(&tokens);
+    PromptCache::open(dir.path(), 1 << 20, MODEL, KvDtype::Q8)
+        .unwrap()
+        .store(&stored)
+        .unwrap();
+
+    let bytes = |cache: &KvCache| -> Vec<Vec<u8>> {
+        let layers = cache.prefix_tensors(cache.len()).unwrap();
+        let tensors = layers.into_iter().flat_map(|(k, v)| [k, v]);
+        tensors
+            .map(|t| t.flatten_all().unwrap().to_vec1::<u8>().unwrap())
+            .collect()
+    };
+    let later = PromptCache::open(dir.path(), 1 << 20, MODEL, KvDtype::Q8).unwrap();
+    let hit = later.longest_prefix(&tokens).unwrap().unwrap();
+    let mut restored = KvCache::new(2, 2, 3, 4096, KvDtype::Q8, &Device::Cpu);
+    assert!(later.restore(&hit, &mut restored).unwrap());
+    assert_eq!(restored.tokens(), &tokens[..]);
+    assert_eq!(bytes(&restored), bytes(&stored));
+    let floats = PromptCache::open(dir.path(), 1 << 20, MODEL, KvDtype::F32).unwrap();
+    assert_eq!(floats.longest_prefix(&tokens).unwrap(), None);
 }
 
 #[test]
@@ -154,10 +189,10 @@ fn a_file_of_another_shape_is_refused() {
     let cache = PromptCache::open(dir.path(), 1 << 20, MODEL, KvDtype::F32).unwrap();
     cache.store(&cache_of(&[1, 2, 3])).unwrap();
     let hit = cache.longest_prefix(&[1, 2, 3]).unwrap().unwrap();
-    let mut wider = KvCache::new(2, 2, 4, 4096, DType::F32, &Device::Cpu);
+    let mut wider = KvCache::new(2, 2, 4, 4096, KvDtype::F32, &Device::Cpu);
     assert!(!cache.restore(&hit, &mut wider).unwrap());
     assert!(wider.is_empty());
-    let mut fewer_layers = KvCache::new(1, 2, 3, 4096, DType::F32, &Device::Cpu);
+    let mut fewer_layers = KvCache::new(1, 2, 3, 4096, KvDtype::F32, &Device::Cpu);
     cache.store(&cache_of(&[1, 2, 3])).unwrap();
     let hit = cache.longest_prefix(&[1, 2, 3]).unwrap().unwrap();
     assert!(!cache.restore(&hit, &mut fewer_layers).unwrap());

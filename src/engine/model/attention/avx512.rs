@@ -11,7 +11,7 @@
 //! therefore never changes a result, and a prompt row still gets the bits
 //! a decode step would.
 
-use super::RowData;
+use super::{RowData, RowScale};
 use half::{bf16, f16};
 use std::arch::x86_64::*;
 
@@ -35,7 +35,7 @@ const WEIGH_HEADS: usize = 6;
 const WEIGH_BLOCKS: usize = 4;
 
 /// A value of a cache the loops read sixteen at a time, as f32.
-trait Lane: Copy {
+trait Lane: RowScale {
     /// The sixteen values from `at`, widened exactly.
     ///
     /// # Safety
@@ -68,6 +68,16 @@ impl Lane for bf16 {
         // SAFETY: as the caller promises. A bf16 is the top half of an f32.
         let halves = unsafe { _mm512_cvtepu16_epi32(_mm256_loadu_si256(at.cast())) };
         _mm512_castsi512_ps(_mm512_slli_epi32::<16>(halves))
+    }
+}
+
+impl Lane for i8 {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn sixteen(at: *const i8) -> __m512 {
+        // SAFETY: as the caller promises.
+        let bytes = unsafe { _mm_loadu_si128(at.cast()) };
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes))
     }
 }
 
@@ -128,6 +138,7 @@ pub(super) unsafe fn score_chunk(
         RowData::F32(keys) => score_rows(queries, (keys, stride, count), scale, scores),
         RowData::F16(keys) => score_rows(queries, (keys, stride, count), scale, scores),
         RowData::Bf16(keys) => score_rows(queries, (keys, stride, count), scale, scores),
+        RowData::Q8(keys) => score_rows(queries, (keys, stride, count), scale, scores),
     }
 }
 
@@ -194,10 +205,15 @@ fn score_block<L: Lane, const H: usize, const P: usize>(
             }
         }
     }
+    // SAFETY: each of the P rows is whole within `keys`, checked above.
+    let row_scales: [f32; P] =
+        std::array::from_fn(|p| unsafe { L::row_scale(keys.as_ptr().add(p * stride), d) });
+    let lane_scales: [f32; LANES] = std::array::from_fn(|lane| row_scales[lane % P]);
     let mut lanes = [0f32; LANES];
-    // SAFETY: `lanes` holds sixteen floats.
+    // SAFETY: `lanes` and `lane_scales` hold sixteen floats.
     unsafe {
-        let scores = _mm512_mul_ps(sum_each(&sums), _mm512_set1_ps(scale));
+        let sums = _mm512_mul_ps(sum_each(&sums), _mm512_loadu_ps(lane_scales.as_ptr()));
+        let scores = _mm512_mul_ps(sums, _mm512_set1_ps(scale));
         _mm512_storeu_ps(lanes.as_mut_ptr(), scores);
     }
     for h in 0..H {
@@ -223,6 +239,7 @@ pub(super) unsafe fn add_weighted(
         RowData::F32(values) => weigh_rows(weights, (values, stride, count), out, d),
         RowData::F16(values) => weigh_rows(weights, (values, stride, count), out, d),
         RowData::Bf16(values) => weigh_rows(weights, (values, stride, count), out, d),
+        RowData::Q8(values) => weigh_rows(weights, (values, stride, count), out, d),
     }
 }
 
@@ -284,11 +301,12 @@ fn weigh_block<L: Lane, const H: usize, const B: usize>(
     for j in 0..count {
         // SAFETY: within value row `j` and each head's weights, checked above.
         unsafe {
-            let value: [__m512; B] = std::array::from_fn(|b| {
-                L::sixteen(values.as_ptr().add(j * stride + part + b * LANES))
-            });
+            let row = values.as_ptr().add(j * stride);
+            let value: [__m512; B] = std::array::from_fn(|b| L::sixteen(row.add(part + b * LANES)));
+            let row_scale = L::row_scale(row, d);
             for (h, sums) in sums.iter_mut().enumerate() {
-                let weight = _mm512_set1_ps(*weights.get_unchecked(h * positions + j));
+                let weight = *weights.get_unchecked(h * positions + j) * row_scale;
+                let weight = _mm512_set1_ps(weight);
                 for (sum, value) in sums.iter_mut().zip(&value) {
                     *sum = _mm512_fmadd_ps(weight, *value, *sum);
                 }
