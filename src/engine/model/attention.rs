@@ -76,10 +76,6 @@ pub fn causal_attention(
         .reshape((1, seq, heads * d))
 }
 
-/// Below this many attention scores per layer (about one sequence of 1,500
-/// positions on a small model), waking other threads costs more than it saves.
-const PARALLEL_SCORES: usize = 16_384;
-
 /// Consecutive query rows of one cache that read each widened chunk of its
 /// rows together. A prompt's rows share their cache, so a chunk is read
 /// and widened once per tile instead of once per row. A tile's scores (its
@@ -332,15 +328,12 @@ fn attention_on_cpu(
             }
         })
     };
-    let items = tiles.len() * kv_heads;
-    let scores: usize = views.iter().map(|(_, visible)| visible * heads).sum();
-    if scores < PARALLEL_SCORES {
-        run(0..items);
-    } else {
-        // The pool the matmuls run on, so that no second set of threads
-        // competes with its workers for the cores.
-        candle_core::utils::barrier_pool().execute_chunked(items, run);
-    }
+    // Always on the pool the matmuls run on, so that no second set of
+    // threads competes with its workers for the cores. Even a short
+    // sequence's attention goes there: run on one thread, it let the other
+    // park, and the projection after it paid to wake it, about 60 µs a
+    // layer.
+    candle_core::utils::barrier_pool().execute_chunked(tiles.len() * kv_heads, run);
     drop(runs);
     drop(guards);
     Tensor::from_vec(out, (1, count, heads * d), queries.device())
