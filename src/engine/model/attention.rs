@@ -390,8 +390,9 @@ enum RowData<'a> {
 
 /// What a cache row's stored elements are multiplied by to give the values
 /// they stand for: one for float rows, the scale stored after an 8-bit
-/// row's integers. The kernels apply it once per row and score, never per
-/// element, so that it costs a float row nothing and changes none of its bits.
+/// row's integers. The vector kernels apply it once per score and per
+/// weight, not per element, so that it costs a float row nothing and
+/// changes none of its bits; the portable loop scales the row as it widens it.
 trait RowScale: Copy {
     /// # Safety
     /// `row` starts a stored row of `d` values, its scale included.
