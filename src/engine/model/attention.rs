@@ -9,7 +9,7 @@
 //! stack those query heads into one matrix per key/value head and attend
 //! with two matmuls.
 
-use crate::engine::kv_cache::Q8_SCALE_BYTES;
+use crate::engine::kv_cache::{KvDtype, Q8_SCALE_BYTES};
 use candle_core::{CpuStorage, DType, Device, Layout, Result, Storage, Tensor};
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
@@ -432,7 +432,7 @@ impl<'a> Rows<'a> {
         let (_, heads, positions, width) = layout.shape().dims4()?;
         let stride = layout.stride();
         let row_width = match storage {
-            Storage::Cpu(CpuStorage::U8(_)) => d + Q8_SCALE_BYTES,
+            Storage::Cpu(CpuStorage::U8(_)) => KvDtype::Q8.row_width(d),
             _ => d,
         };
         if width != row_width || stride[3] != 1 {
@@ -1006,7 +1006,7 @@ mod vector {
                 }
             }
         }
-        // SAFETY: each of the P rows is whole within `keys`, checked above.
+        // SAFETY: `chunk` spans whole stored rows, an 8-bit row's scale included.
         let row_scales: [f32; P] =
             std::array::from_fn(|p| unsafe { L::row_scale(keys.as_ptr().add(p * stride), d) });
         let lane_scales: [f32; LANES] = std::array::from_fn(|lane| row_scales[lane % P]);

@@ -205,7 +205,7 @@ fn score_block<L: Lane, const H: usize, const P: usize>(
             }
         }
     }
-    // SAFETY: each of the P rows is whole within `keys`, checked above.
+    // SAFETY: `chunk` spans whole stored rows, an 8-bit row's scale included.
     let row_scales: [f32; P] =
         std::array::from_fn(|p| unsafe { L::row_scale(keys.as_ptr().add(p * stride), d) });
     let lane_scales: [f32; LANES] = std::array::from_fn(|lane| row_scales[lane % P]);
