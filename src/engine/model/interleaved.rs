@@ -23,7 +23,7 @@
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Result, Storage, Tensor};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Values per block, in weights and inputs alike.
 const BLOCK: usize = 32;
@@ -368,27 +368,12 @@ impl InterleavedMatmul {
         };
         let values = &storage.as_slice::<f32>()?[layout.start_offset()..][..seq * width];
         let blocks = width / BLOCK;
-        let mut inputs = vec![InputBlock::default(); seq * blocks];
-        for (row, quantized) in values
-            .chunks_exact(width)
-            .zip(inputs.chunks_exact_mut(blocks))
-        {
-            self.quantize(row, quantized);
-        }
-        let inputs: Vec<&[InputBlock]> = inputs.chunks_exact(blocks).collect();
         let paired = self.instructions.pairs_rows(self.format, seq);
-        // An odd last row is paired with itself, and its copy's sums are not written.
-        let pairs: Vec<PairBlock> = if paired {
-            inputs
-                .chunks(2)
-                .flat_map(|two| {
-                    let (first, second) = (two[0], two[two.len() - 1]);
-                    first.iter().zip(second).map(|(a, b)| PairBlock::new(a, b))
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let mut inputs = vec![InputBlock::default(); seq * blocks];
+        let mut pairs =
+            vec![PairBlock::default(); if paired { seq.div_ceil(2) * blocks } else { 0 }];
+        self.prepare_inputs(values, &mut inputs, &mut pairs);
+        let inputs: Vec<&[InputBlock]> = inputs.chunks_exact(blocks).collect();
         let pair_rows: Vec<&[PairBlock]> = pairs.chunks_exact(blocks).collect();
         let groups = self.rows / GROUP;
         let group_bytes = width / self.format.values() * self.format.group_block_bytes();
@@ -422,6 +407,52 @@ impl InterleavedMatmul {
             }
         });
         Tensor::from_vec(out, (1, seq, self.rows), &Device::Cpu)
+    }
+
+    /// Quantize the rows of `values` onto `inputs`, and where `pairs` is not
+    /// empty lay out each two rows as [`PairBlock`]s, an odd last row paired
+    /// with itself. Several rows are prepared two at a time on the pool:
+    /// sixteen rows on one thread took long enough for the other to park
+    /// before the matmul woke it.
+    fn prepare_inputs(&self, values: &[f32], inputs: &mut [InputBlock], pairs: &mut [PairBlock]) {
+        let blocks = self.width / BLOCK;
+        let prepare = |values: &[f32], inputs: &mut [InputBlock], pairs: &mut [PairBlock]| {
+            for (row, quantized) in values
+                .chunks_exact(self.width)
+                .zip(inputs.chunks_exact_mut(blocks))
+            {
+                self.quantize(row, quantized);
+            }
+            let (first, second) = (&inputs[..blocks], &inputs[inputs.len() - blocks..]);
+            for (pair, (a, b)) in pairs.iter_mut().zip(first.iter().zip(second)) {
+                *pair = PairBlock::new(a, b);
+            }
+        };
+        if values.len() <= self.width {
+            return prepare(values, inputs, pairs);
+        }
+        let two_rows = values
+            .chunks(2 * self.width)
+            .zip(inputs.chunks_mut(2 * blocks));
+        let work: Vec<Mutex<(&[f32], &mut [InputBlock], &mut [PairBlock])>> = if pairs.is_empty() {
+            two_rows
+                .map(|(values, inputs)| Mutex::new((values, inputs, &mut [][..])))
+                .collect()
+        } else {
+            two_rows
+                .zip(pairs.chunks_mut(blocks))
+                .map(|((values, inputs), pairs)| Mutex::new((values, inputs, pairs)))
+                .collect()
+        };
+        candle_core::utils::barrier_pool().execute_chunked(work.len(), |items| {
+            for item in items {
+                // Each item has one user, so its lock is never contended and
+                // can only be poisoned by a panic, which the pool re-raises.
+                let mut item = work[item].lock().unwrap_or_else(PoisonError::into_inner);
+                let (values, inputs, pairs) = &mut *item;
+                prepare(values, inputs, pairs);
+            }
+        });
     }
 
     /// [`quantize`], in vector instructions where the kernels run, with one
