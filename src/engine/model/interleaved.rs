@@ -434,7 +434,7 @@ impl InterleavedMatmul {
         let two_rows = values
             .chunks(2 * self.width)
             .zip(inputs.chunks_mut(2 * blocks));
-        let work: Vec<Mutex<(&[f32], &mut [InputBlock], &mut [PairBlock])>> = if pairs.is_empty() {
+        let work: Vec<Mutex<TwoRows>> = if pairs.is_empty() {
             two_rows
                 .map(|(values, inputs)| Mutex::new((values, inputs, &mut [][..])))
                 .collect()
@@ -580,6 +580,10 @@ impl InputBlock {
         i32::from(self.halves[0]) + i32::from(self.halves[1])
     }
 }
+
+/// Two rows' values, their input blocks and their pair blocks (none when
+/// the kernel takes rows one at a time), prepared by one thread.
+type TwoRows<'a> = (&'a [f32], &'a mut [InputBlock], &'a mut [PairBlock]);
 
 /// Input pairs multiplied with one unpacked group block by the
 /// [`kernel::pairs`] kernels.
