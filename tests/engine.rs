@@ -465,3 +465,17 @@ fn a_rounded_cache_keeps_logits_near_the_f32_ones() {
         );
     }
 }
+
+#[test]
+fn side_by_side_figures_come_one_per_sequence_count_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = load_tiny(TinyArch::Llama, &dir);
+    let figures =
+        prism::bench::engine::measure_side_by_side(&mut engine, &[1, 3], 16, 4, 2).unwrap();
+    let counts: Vec<usize> = figures.iter().map(|f| f.sequences).collect();
+    assert_eq!(counts, [1, 3]);
+    for f in &figures {
+        assert_eq!((f.context_tokens, f.decode_steps), (16, 4));
+        assert!(f.decode_tokens_per_second.is_finite() && f.decode_tokens_per_second > 0.0);
+    }
+}

@@ -20,7 +20,8 @@ pub struct BenchEngineArgs {
     #[arg(long, default_value_t = 2)]
     repeats: usize,
     /// Also decode this many sequences side by side at each context length,
-    /// their steps batched into one forward pass (comma-separated, e.g. 1,4,16).
+    /// their steps batched into one forward pass (comma-separated, e.g.
+    /// 1,4,16); the counts take turns, each run --repeats times.
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=256))]
     sequences: Vec<u16>,
     /// Print one JSON object per context length (and per sequence count).
@@ -67,10 +68,16 @@ pub fn run(args: BenchEngineArgs) -> Result<()> {
         outln!("| context | sequences | decode tok/s, all together | per sequence |")?;
         outln!("|---:|---:|---:|---:|")?;
     }
+    let sequences: Vec<usize> = args.sequences.iter().map(|&count| count.into()).collect();
     for &context in &args.context {
-        for &sequences in &args.sequences {
-            let figures =
-                measure_side_by_side(&mut engine, sequences.into(), context, args.decode_steps)?;
+        let all = measure_side_by_side(
+            &mut engine,
+            &sequences,
+            context,
+            args.decode_steps,
+            args.repeats,
+        )?;
+        for figures in all {
             if args.json {
                 outln!("{}", serde_json::to_string(&figures)?)?;
             } else {
