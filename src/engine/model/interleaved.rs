@@ -877,10 +877,14 @@ mod kernel {
     }
 
     /// `$name(group, inputs, out)`: `$tile::<N>` for the `N` rows of `inputs`.
+    /// With `$input` and `$most`, for tiles of up to `$most` inputs of that type.
     macro_rules! by_rows {
         ($name:ident, $tile:ident, $features:literal) => {
+            by_rows!($name, $tile, $features, InputBlock, TILE);
+        };
+        ($name:ident, $tile:ident, $features:literal, $input:ty, $most:ident) => {
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn $name(group: &[u8], inputs: &[&[InputBlock]], out: &mut [f32]) {
+            pub(crate) unsafe fn $name(group: &[u8], inputs: &[&[$input]], out: &mut [f32]) {
                 match inputs.len() {
                     1 => $tile::<1>(group, inputs, out),
                     2 => $tile::<2>(group, inputs, out),
@@ -889,7 +893,7 @@ mod kernel {
                     5 => $tile::<5>(group, inputs, out),
                     6 => $tile::<6>(group, inputs, out),
                     7 => $tile::<7>(group, inputs, out),
-                    _ => $tile::<TILE>(group, inputs, out),
+                    _ => $tile::<$most>(group, inputs, out),
                 }
             }
         };
@@ -1231,22 +1235,16 @@ mod kernel {
             pairs!(0 1 2 3 4 5 6 7);
         }
 
-        /// `$name(group, pairs, out)`: `$tile::<P>` for the `P` pairs.
+        /// [`by_rows`] for tiles of up to [`PAIR_TILE`] pairs.
         macro_rules! by_pairs {
             ($name:ident, $tile:ident) => {
-                #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c,fma")]
-                pub(crate) unsafe fn $name(group: &[u8], pairs: &[&[PairBlock]], out: &mut [f32]) {
-                    match pairs.len() {
-                        1 => $tile::<1>(group, pairs, out),
-                        2 => $tile::<2>(group, pairs, out),
-                        3 => $tile::<3>(group, pairs, out),
-                        4 => $tile::<4>(group, pairs, out),
-                        5 => $tile::<5>(group, pairs, out),
-                        6 => $tile::<6>(group, pairs, out),
-                        7 => $tile::<7>(group, pairs, out),
-                        _ => $tile::<PAIR_TILE>(group, pairs, out),
-                    }
-                }
+                by_rows!(
+                    $name,
+                    $tile,
+                    "avx512f,avx512bw,avx512vnni,avx2,f16c,fma",
+                    PairBlock,
+                    PAIR_TILE
+                );
             };
         }
 
