@@ -23,7 +23,7 @@
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Result, Storage, Tensor};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 /// Values per block, in weights and inputs alike.
 const BLOCK: usize = 32;
@@ -434,24 +434,18 @@ impl InterleavedMatmul {
         let two_rows = values
             .chunks(2 * self.width)
             .zip(inputs.chunks_mut(2 * blocks));
-        let work: Vec<Mutex<TwoRows>> = if pairs.is_empty() {
+        let mut work: Vec<TwoRows> = if pairs.is_empty() {
             two_rows
-                .map(|(values, inputs)| Mutex::new((values, inputs, &mut [][..])))
+                .map(|(values, inputs)| (values, inputs, &mut [][..]))
                 .collect()
         } else {
             two_rows
                 .zip(pairs.chunks_mut(blocks))
-                .map(|((values, inputs), pairs)| Mutex::new((values, inputs, pairs)))
+                .map(|((values, inputs), pairs)| (values, inputs, pairs))
                 .collect()
         };
-        candle_core::utils::barrier_pool().execute_chunked(work.len(), |items| {
-            for item in items {
-                // Each item has one user, so its lock is never contended and
-                // can only be poisoned by a panic, which the pool re-raises.
-                let mut item = work[item].lock().unwrap_or_else(PoisonError::into_inner);
-                let (values, inputs, pairs) = &mut *item;
-                prepare(values, inputs, pairs);
-            }
+        super::each_on_pool(&mut work, |_, (values, inputs, pairs)| {
+            prepare(values, inputs, pairs)
         });
     }
 

@@ -25,6 +25,20 @@ fn has_avx2_fma_f16c() -> bool {
     }
 }
 
+/// Call `f(index, item)` for each of `items` on candle's thread pool, the
+/// one the matmuls run on, each item on one thread.
+fn each_on_pool<T: Send>(items: &mut [T], f: impl Fn(usize, &mut T) + Sync) {
+    let items: Vec<Mutex<&mut T>> = items.iter_mut().map(Mutex::new).collect();
+    candle_core::utils::barrier_pool().execute_chunked(items.len(), |indices| {
+        for index in indices {
+            // Each item has one thread, so its lock is never contended and
+            // can only be poisoned by a panic, which the pool re-raises.
+            let mut item = items[index].lock().unwrap_or_else(PoisonError::into_inner);
+            f(index, &mut item);
+        }
+    });
+}
+
 pub use transformer::{Transformer, PREFILL_BATCH};
 pub(crate) use weights::WeightFile;
 pub use weights::{Pass, PrefillWeights};
@@ -32,6 +46,7 @@ pub use weights::{Pass, PrefillWeights};
 use crate::error::{Error, Result};
 use candle_core::quantized::gguf_file;
 use std::path::Path;
+use std::sync::{Mutex, PoisonError};
 
 /// The model families prism can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

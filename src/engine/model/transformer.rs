@@ -6,11 +6,10 @@
 
 use super::attention::{batch_attention, prompt_attention};
 use super::weights::{Embedding, Linear, Pass, PrefillWeights, Projections, WeightFile};
-use super::Config;
+use super::{each_on_pool, Config};
 use crate::engine::kv_cache::{KvCache, KvDtype};
 use crate::error::{CandleContext, Result};
 use candle_core::{DType, Device, Storage, Tensor};
-use std::sync::{Mutex, PoisonError};
 
 /// Prompts are encoded this many tokens at a time, which bounds the memory of
 /// the intermediate activations without slowing the GEMMs down.
@@ -498,14 +497,7 @@ fn append_runs(
     if let [job] = jobs.as_mut_slice() {
         append(job);
     } else {
-        let jobs: Vec<Mutex<&mut Append>> = jobs.iter_mut().map(Mutex::new).collect();
-        candle_core::utils::barrier_pool().execute_chunked(jobs.len(), |indices| {
-            for index in indices {
-                // Each job has one thread, so its lock is never contended
-                // and can only be poisoned by a panic, which the pool re-raises.
-                append(&mut jobs[index].lock().unwrap_or_else(PoisonError::into_inner));
-            }
-        });
+        each_on_pool(&mut jobs, |_, job| append(job));
     }
     jobs.into_iter()
         .map(|job| {
@@ -553,14 +545,9 @@ fn swiglu(gate: &Tensor, up: &Tensor) -> candle_core::Result<Tensor> {
     if count <= SWIGLU_CHUNK {
         swiglu_chunk(0, &mut out);
     } else {
-        let chunks: Vec<Mutex<&mut [f32]>> = out.chunks_mut(SWIGLU_CHUNK).map(Mutex::new).collect();
-        candle_core::utils::barrier_pool().execute_chunked(chunks.len(), |indices| {
-            for index in indices {
-                // Each chunk has one writer, so its lock is never contended
-                // and can only be poisoned by a panic, which the pool re-raises.
-                let mut chunk = chunks[index].lock().unwrap_or_else(PoisonError::into_inner);
-                swiglu_chunk(index * SWIGLU_CHUNK, &mut chunk);
-            }
+        let mut chunks: Vec<&mut [f32]> = out.chunks_mut(SWIGLU_CHUNK).collect();
+        each_on_pool(&mut chunks, |index, chunk| {
+            swiglu_chunk(index * SWIGLU_CHUNK, chunk)
         });
     }
     Tensor::from_vec(out, gate.shape(), gate.device())
