@@ -601,14 +601,14 @@ struct PairBlock {
 
 impl PairBlock {
     fn new(first: &InputBlock, second: &InputBlock) -> Self {
-        let both = |f: &dyn Fn(&InputBlock) -> f32| [f(first), f(second)];
+        let rows = [first, second];
         PairBlock {
             quants: std::array::from_fn(|k| {
-                [first, second].map(|input| std::array::from_fn(|i| input.quants[4 * k + i]))
+                rows.map(|input| std::array::from_fn(|i| input.quants[4 * k + i]))
             }),
-            scales: both(&|input| input.scale),
-            minimum_weights: both(&|input| input.scale * input.total() as f32),
-            offsets: [first, second].map(|input| -128 * input.total()),
+            scales: rows.map(|input| input.scale),
+            minimum_weights: rows.map(|input| input.scale * input.total() as f32),
+            offsets: rows.map(|input| -128 * input.total()),
         }
     }
 }
@@ -1169,24 +1169,29 @@ mod kernel {
         use super::prefetch_ahead;
         use std::arch::x86_64::*;
 
+        /// The permutation that puts each of eight 32-bit lanes twice, side by side.
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn doubling() -> __m512i {
+            _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)
+        }
+
         /// 32 bytes at `at` as 64: each 4-byte lane twice, side by side.
         #[inline]
         #[target_feature(enable = "avx512f")]
         unsafe fn doubled(at: *const u8) -> __m512i {
-            let lanes = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
             // SAFETY: the caller's 32 bytes are readable.
             let eight = unsafe { _mm256_loadu_si256(at.cast()) };
-            _mm512_permutexvar_epi32(lanes, _mm512_castsi256_si512(eight))
+            _mm512_permutexvar_epi32(doubling(), _mm512_castsi256_si512(eight))
         }
 
         /// Eight f16 at `at`, widened, each twice side by side.
         #[inline]
         #[target_feature(enable = "avx512f,f16c")]
         unsafe fn doubled_f16(at: *const u8) -> __m512 {
-            let lanes = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
             // SAFETY: the caller's 16 bytes are readable.
             let eight = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(at.cast())) };
-            _mm512_permutexvar_ps(lanes, _mm512_castps256_ps512(eight))
+            _mm512_permutexvar_ps(doubling(), _mm512_castps256_ps512(eight))
         }
 
         /// A pair's two 4-byte fields in every 64-bit lane.
