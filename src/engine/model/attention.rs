@@ -638,6 +638,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 mod vector {
     use super::{HeadRows, RowData, RowScale, Scratch, Tile};
+    use crate::engine::model::exp::exp;
     use half::{bf16, f16};
     use std::arch::x86_64::*;
 
@@ -842,44 +843,6 @@ mod vector {
                 }
             }
         }
-    }
-
-    /// `e^x` in each lane, within two units in the last place, for `x` ≤ 0
-    /// as softmax takes it (above -87, where `e^x` leaves the normal floats,
-    /// the result is about 2^-126 instead of smaller).
-    ///
-    /// `x = n·ln 2 + r` with `|r|` ≤ ln 2 / 2; `e^r` is a polynomial (Cephes'
-    /// `expf` coefficients) and `2^n` is built in the exponent bits.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn exp(x: __m256) -> __m256 {
-        const LN2_HIGH: f32 = 0.693_359_4;
-        const LN2_LOW: f32 = -2.121_944_4e-4;
-        const POLYNOMIAL: [f32; 6] = [
-            1.987_569_1e-4,
-            1.398_2e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            0.166_666_65,
-            0.5,
-        ];
-        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-        );
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HIGH), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LOW), r);
-        let mut p = _mm256_set1_ps(POLYNOMIAL[0]);
-        for c in &POLYNOMIAL[1..] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
-        }
-        let e_r = _mm256_fmadd_ps(
-            p,
-            _mm256_mul_ps(r, r),
-            _mm256_add_ps(r, _mm256_set1_ps(1.0)),
-        );
-        let exponent = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-        _mm256_mul_ps(e_r, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(exponent)))
     }
 
     /// Turn `scores` into their softmax, in place, eight at a time. A last
@@ -1155,27 +1118,6 @@ mod vector {
     #[cfg(test)]
     mod tests {
         use super::*;
-
-        #[test]
-        fn exp_is_within_two_units_in_the_last_place() {
-            if !crate::engine::model::has_avx2_fma_f16c() {
-                return;
-            }
-            let xs: Vec<f32> = (0..80_000).map(|i| -(i as f32) * 0.001_087_5).collect();
-            for run in xs.chunks_exact(LANES) {
-                let mut got = [0f32; LANES];
-                // SAFETY: this CPU has AVX2, FMA and F16C; eight floats each.
-                unsafe { _mm256_storeu_ps(got.as_mut_ptr(), exp(_mm256_loadu_ps(run.as_ptr()))) };
-                for (x, got) in run.iter().zip(got) {
-                    let want = x.exp();
-                    let ulp = f32::from_bits(want.to_bits() + 1) - want;
-                    assert!(
-                        (got - want).abs() <= 2.0 * ulp,
-                        "e^{x}: {got} against {want}"
-                    );
-                }
-            }
-        }
 
         #[test]
         fn softmax_sums_to_one_and_keeps_the_order() {

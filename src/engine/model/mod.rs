@@ -6,6 +6,8 @@
 //! model code with small variations.
 
 mod attention;
+#[cfg(target_arch = "x86_64")]
+mod exp;
 mod interleaved;
 mod transformer;
 mod weights;
