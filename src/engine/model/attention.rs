@@ -499,6 +499,24 @@ struct HeadRows<'a> {
 }
 
 impl HeadRows<'_> {
+    /// The stored bytes of rows `first..first + count`, scales included.
+    fn bytes(&self, first: usize, count: usize) -> &[u8] {
+        let span = first * self.stride..(first + count - 1) * self.stride + self.width;
+        fn as_bytes<T>(values: &[T]) -> &[u8] {
+            // SAFETY: the floats and integers a cache holds have no padding,
+            // and every byte is a valid u8.
+            unsafe {
+                std::slice::from_raw_parts(values.as_ptr().cast(), std::mem::size_of_val(values))
+            }
+        }
+        match self.data {
+            RowData::F32(data) => as_bytes(&data[span]),
+            RowData::F16(data) => as_bytes(&data[span]),
+            RowData::Bf16(data) => as_bytes(&data[span]),
+            RowData::Q8(data) => as_bytes(&data[span]),
+        }
+    }
+
     /// Row `j` as f32: in place when the cache is f32, else widened (or
     /// scaled) into `scratch`.
     fn row<'b>(&'b self, j: usize, scratch: &'b mut [f32]) -> &'b [f32] {
@@ -801,8 +819,10 @@ mod vector {
         let scores = &mut scores[..needed];
         let per_row = groups * positions;
         let widen = tile.rows.len() > 1;
+        prefetch(&tile.values, 0);
         for first in (0..positions).step_by(CHUNK) {
             let count = CHUNK.min(positions - first);
+            prefetch(&tile.keys, first + CHUNK);
             let (keys, stride) = chunk(&tile.keys, (first, count), widen, rows);
             for (&(queries, seen), scores) in tile.rows.iter().zip(scores.chunks_exact_mut(per_row))
             {
@@ -827,6 +847,7 @@ mod vector {
         }
         for first in (0..positions).step_by(CHUNK) {
             let count = CHUNK.min(positions - first);
+            prefetch(&tile.values, first + CHUNK);
             let (values, stride) = chunk(&tile.values, (first, count), widen, rows);
             for ((&(_, seen), scores), out) in tile
                 .rows
@@ -843,6 +864,29 @@ mod vector {
                 }
             }
         }
+    }
+
+    /// Ask for the cache lines of the chunk of `rows` from `first`, if any,
+    /// ahead of its use. A decode step reads each cache once, straight from
+    /// memory, and the loads of each chunk's rows stalled the kernel: with
+    /// sixteen SmolLM2 sequences, asking for the next chunk while scoring
+    /// or weighing this one took a step's attention from about 12 ms to
+    /// about 10.5 on two threads.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn prefetch(rows: &HeadRows, first: usize) {
+        if first >= rows.positions {
+            return;
+        }
+        let count = CHUNK.min(rows.positions - first);
+        let bytes = rows.bytes(first, count).as_ptr_range();
+        // A byte every 64 and the last touch every line the rows span.
+        let mut line = bytes.start;
+        while line < bytes.end {
+            _mm_prefetch::<_MM_HINT_T0>(line.cast());
+            line = line.wrapping_add(64);
+        }
+        _mm_prefetch::<_MM_HINT_T0>(bytes.end.wrapping_sub(1).cast());
     }
 
     /// Turn `scores` into their softmax, in place, eight at a time. A last
