@@ -500,6 +500,7 @@ struct HeadRows<'a> {
 
 impl HeadRows<'_> {
     /// The stored bytes of rows `first..first + count`, scales included.
+    #[cfg(target_arch = "x86_64")]
     fn bytes(&self, first: usize, count: usize) -> &[u8] {
         let span = first * self.stride..(first + count - 1) * self.stride + self.width;
         fn as_bytes<T>(values: &[T]) -> &[u8] {
@@ -587,6 +588,47 @@ impl Tile<'_> {
     }
 }
 
+/// Cache rows ahead of the one being read whose lines the vector kernels
+/// ask memory for. A decode step reads every cache once, straight from
+/// memory, and the loads stalled the kernels. With sixteen SmolLM2
+/// sequences on two threads a step's attention took 10.9-13.2 ms; asking
+/// for each next chunk of 32 rows at once, 10.5-13.5 (median 11.4 of six);
+/// asking for the row 32 ahead as each row is read, 9.2-13.2 (median 10.1),
+/// probe runs alternated.
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_ROWS: usize = 32;
+
+/// Ask memory for every cache line of `bytes`. A hint: nothing is read
+/// into the program, and an address outside it is ignored.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "sse")]
+fn prefetch(bytes: &[u8]) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    // A byte every 64 and the last touch every line the bytes span.
+    let lines = bytes
+        .chunks(64)
+        .map(<[u8]>::as_ptr)
+        .chain(bytes.last().map(std::ptr::from_ref));
+    for line in lines {
+        _mm_prefetch::<_MM_HINT_T0>(line.cast());
+    }
+}
+
+/// [`prefetch`] the row [`PREFETCH_ROWS`] after the one at `row`, rows
+/// `stride` values apart. Past the cache's end the hint is ignored.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "sse")]
+fn prefetch_row_ahead<L>(row: *const L, stride: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let ahead = row.wrapping_add(PREFETCH_ROWS * stride).cast::<u8>();
+    let bytes = stride * size_of::<L>();
+    for offset in (0..bytes).step_by(64).chain([bytes.saturating_sub(1)]) {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(offset).cast());
+    }
+}
+
 thread_local! {
     /// Each thread's attention memory, kept from layer to layer so that a
     /// long prompt's score buffers are not allocated and grown afresh.
@@ -655,7 +697,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// cache row once for up to four heads' scores or six heads' outputs.
 #[cfg(target_arch = "x86_64")]
 mod vector {
-    use super::{HeadRows, RowData, RowScale, Scratch, Tile};
+    use super::{prefetch_row_ahead, HeadRows, RowData, RowScale, Scratch, Tile, PREFETCH_ROWS};
     use crate::engine::model::exp::exp;
     use half::{bf16, f16};
     use std::arch::x86_64::*;
@@ -819,10 +861,16 @@ mod vector {
         let scores = &mut scores[..needed];
         let per_row = groups * positions;
         let widen = tile.rows.len() > 1;
-        prefetch(&tile.values, 0);
+        // The kernels ask for rows `PREFETCH_ROWS` ahead as they go; these
+        // are the rows before.
+        for rows in [&tile.keys, &tile.values] {
+            let count = PREFETCH_ROWS.min(rows.positions);
+            if count > 0 {
+                super::prefetch(rows.bytes(0, count));
+            }
+        }
         for first in (0..positions).step_by(CHUNK) {
             let count = CHUNK.min(positions - first);
-            prefetch(&tile.keys, first + CHUNK);
             let (keys, stride) = chunk(&tile.keys, (first, count), widen, rows);
             for (&(queries, seen), scores) in tile.rows.iter().zip(scores.chunks_exact_mut(per_row))
             {
@@ -847,7 +895,6 @@ mod vector {
         }
         for first in (0..positions).step_by(CHUNK) {
             let count = CHUNK.min(positions - first);
-            prefetch(&tile.values, first + CHUNK);
             let (values, stride) = chunk(&tile.values, (first, count), widen, rows);
             for ((&(_, seen), scores), out) in tile
                 .rows
@@ -864,29 +911,6 @@ mod vector {
                 }
             }
         }
-    }
-
-    /// Ask for the cache lines of the chunk of `rows` from `first`, if any,
-    /// ahead of its use. A decode step reads each cache once, straight from
-    /// memory, and the loads of each chunk's rows stalled the kernel: with
-    /// sixteen SmolLM2 sequences, asking for the next chunk while scoring
-    /// or weighing this one took a step's attention from about 12 ms to
-    /// about 10.5 on two threads.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn prefetch(rows: &HeadRows, first: usize) {
-        if first >= rows.positions {
-            return;
-        }
-        let count = CHUNK.min(rows.positions - first);
-        let bytes = rows.bytes(first, count).as_ptr_range();
-        // A byte every 64 and the last touch every line the rows span.
-        let mut line = bytes.start;
-        while line < bytes.end {
-            _mm_prefetch::<_MM_HINT_T0>(line.cast());
-            line = line.wrapping_add(64);
-        }
-        _mm_prefetch::<_MM_HINT_T0>(bytes.end.wrapping_sub(1).cast());
     }
 
     /// Turn `scores` into their softmax, in place, eight at a time. A last
@@ -1034,6 +1058,9 @@ mod vector {
     ) -> usize {
         let d = queries.len() / H;
         debug_assert!(queries.len() == H * d && (P - 1) * stride + d <= keys.len());
+        for p in 0..P {
+            prefetch_row_ahead(keys.as_ptr().wrapping_add(p * stride), stride);
+        }
         // Sum `h * P + p` is head h's score of row p; `sum_each` puts it in lane `h * P + p`.
         let mut sums = [_mm256_setzero_ps(); LANES];
         for block in (0..d).step_by(LANES) {
@@ -1135,6 +1162,9 @@ mod vector {
             })
         });
         for j in 0..count {
+            if part == 0 {
+                prefetch_row_ahead(values.as_ptr().wrapping_add(j * stride), stride);
+            }
             // SAFETY: within value row `j` and each head's weights, checked above.
             unsafe {
                 let row = values.as_ptr().add(j * stride);

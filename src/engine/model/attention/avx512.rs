@@ -11,7 +11,7 @@
 //! therefore never changes a result, and a prompt row still gets the bits
 //! a decode step would.
 
-use super::{RowData, RowScale};
+use super::{prefetch_row_ahead, RowData, RowScale};
 use half::{bf16, f16};
 use std::arch::x86_64::*;
 
@@ -189,6 +189,9 @@ fn score_block<L: Lane, const H: usize, const P: usize>(
 ) -> usize {
     let d = queries.len() / H;
     debug_assert!(H * P <= 16 && queries.len() == H * d && (P - 1) * stride + d <= keys.len());
+    for p in 0..P {
+        prefetch_row_ahead(keys.as_ptr().wrapping_add(p * stride), stride);
+    }
     // Sum `h * P + p` is head h's score of row p; `sum_each` puts it in lane `h * P + p`.
     let mut sums = [_mm512_setzero_ps(); 16];
     for block in (0..d).step_by(LANES) {
@@ -299,6 +302,9 @@ fn weigh_block<L: Lane, const H: usize, const B: usize>(
         })
     });
     for j in 0..count {
+        if part == 0 {
+            prefetch_row_ahead(values.as_ptr().wrapping_add(j * stride), stride);
+        }
         // SAFETY: within value row `j` and each head's weights, checked above.
         unsafe {
             let row = values.as_ptr().add(j * stride);
