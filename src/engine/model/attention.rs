@@ -598,20 +598,17 @@ impl Tile<'_> {
 #[cfg(target_arch = "x86_64")]
 const PREFETCH_ROWS: usize = 32;
 
-/// Ask memory for every cache line of `bytes`. A hint: nothing is read
-/// into the program, and an address outside it is ignored.
+/// Ask memory for every cache line of the `len` bytes from `start`. A
+/// hint: nothing is read into the program, and an address outside it is
+/// ignored.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "sse")]
-fn prefetch(bytes: &[u8]) {
+fn prefetch(start: *const u8, len: usize) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     // A byte every 64 and the last touch every line the bytes span.
-    let lines = bytes
-        .chunks(64)
-        .map(<[u8]>::as_ptr)
-        .chain(bytes.last().map(std::ptr::from_ref));
-    for line in lines {
-        _mm_prefetch::<_MM_HINT_T0>(line.cast());
+    for offset in (0..len).step_by(64).chain([len.saturating_sub(1)]) {
+        _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(offset).cast());
     }
 }
 
@@ -621,12 +618,8 @@ fn prefetch(bytes: &[u8]) {
 #[inline]
 #[target_feature(enable = "sse")]
 fn prefetch_row_ahead<L>(row: *const L, stride: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     let ahead = row.wrapping_add(PREFETCH_ROWS * stride).cast::<u8>();
-    let bytes = stride * size_of::<L>();
-    for offset in (0..bytes).step_by(64).chain([bytes.saturating_sub(1)]) {
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(offset).cast());
-    }
+    prefetch(ahead, stride * size_of::<L>());
 }
 
 thread_local! {
@@ -866,7 +859,8 @@ mod vector {
         for rows in [&tile.keys, &tile.values] {
             let count = PREFETCH_ROWS.min(rows.positions);
             if count > 0 {
-                super::prefetch(rows.bytes(0, count));
+                let bytes = rows.bytes(0, count);
+                super::prefetch(bytes.as_ptr(), bytes.len());
             }
         }
         for first in (0..positions).step_by(CHUNK) {
@@ -1040,6 +1034,11 @@ mod vector {
                     scale,
                     (scores, positions, start),
                 );
+                if h == 0 {
+                    for row in start..start + taken {
+                        prefetch_row_ahead(keys.as_ptr().wrapping_add(row * stride), stride);
+                    }
+                }
                 start += taken;
             }
         }
@@ -1058,9 +1057,6 @@ mod vector {
     ) -> usize {
         let d = queries.len() / H;
         debug_assert!(queries.len() == H * d && (P - 1) * stride + d <= keys.len());
-        for p in 0..P {
-            prefetch_row_ahead(keys.as_ptr().wrapping_add(p * stride), stride);
-        }
         // Sum `h * P + p` is head h's score of row p; `sum_each` puts it in lane `h * P + p`.
         let mut sums = [_mm256_setzero_ps(); LANES];
         for block in (0..d).step_by(LANES) {
@@ -1137,13 +1133,15 @@ mod vector {
                     (values, stride, count),
                     out,
                     (d, part),
+                    h == 0 && part == 0,
                 );
             }
         }
     }
 
-    /// [`weigh_rows`] for `H` heads and `B` blocks of output from `part`;
-    /// returns the floats of output done.
+    /// [`weigh_rows`] for `H` heads and `B` blocks of output from `part`,
+    /// asking for the value rows ahead when `prefetch` (one pass of the
+    /// row's does); returns the floats of output done.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn weigh_block<L: Lane, const H: usize, const B: usize>(
@@ -1151,6 +1149,7 @@ mod vector {
         (values, stride, count): (&[L], usize, usize),
         out: &mut [f32],
         (d, part): (usize, usize),
+        prefetch: bool,
     ) -> usize {
         debug_assert!(out.len() == H * d && part + B * LANES <= d);
         debug_assert!(count == 0 || (count - 1) * stride + part + B * LANES <= values.len());
@@ -1162,7 +1161,7 @@ mod vector {
             })
         });
         for j in 0..count {
-            if part == 0 {
+            if prefetch {
                 prefetch_row_ahead(values.as_ptr().wrapping_add(j * stride), stride);
             }
             // SAFETY: within value row `j` and each head's weights, checked above.

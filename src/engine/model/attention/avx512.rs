@@ -171,6 +171,11 @@ fn score_rows<L: Lane>(
                 scale,
                 (scores, positions, start),
             );
+            if h == 0 {
+                for row in start..start + taken {
+                    prefetch_row_ahead(keys.as_ptr().wrapping_add(row * stride), stride);
+                }
+            }
             start += taken;
         }
     }
@@ -189,9 +194,6 @@ fn score_block<L: Lane, const H: usize, const P: usize>(
 ) -> usize {
     let d = queries.len() / H;
     debug_assert!(H * P <= 16 && queries.len() == H * d && (P - 1) * stride + d <= keys.len());
-    for p in 0..P {
-        prefetch_row_ahead(keys.as_ptr().wrapping_add(p * stride), stride);
-    }
     // Sum `h * P + p` is head h's score of row p; `sum_each` puts it in lane `h * P + p`.
     let mut sums = [_mm512_setzero_ps(); 16];
     for block in (0..d).step_by(LANES) {
@@ -277,13 +279,15 @@ fn weigh_rows<L: Lane>(
                 (values, stride, count),
                 out,
                 (d, part),
+                h == 0 && part == 0,
             );
         }
     }
 }
 
-/// [`weigh_rows`] for `H` heads and `B` blocks of output from `part`;
-/// returns the floats of output done.
+/// [`weigh_rows`] for `H` heads and `B` blocks of output from `part`,
+/// asking for the value rows ahead when `prefetch` (one pass of the row's
+/// does); returns the floats of output done.
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn weigh_block<L: Lane, const H: usize, const B: usize>(
@@ -291,6 +295,7 @@ fn weigh_block<L: Lane, const H: usize, const B: usize>(
     (values, stride, count): (&[L], usize, usize),
     out: &mut [f32],
     (d, part): (usize, usize),
+    prefetch: bool,
 ) -> usize {
     debug_assert!(out.len() == H * d && part + B * LANES <= d);
     debug_assert!(count == 0 || (count - 1) * stride + part + B * LANES <= values.len());
@@ -302,7 +307,7 @@ fn weigh_block<L: Lane, const H: usize, const B: usize>(
         })
     });
     for j in 0..count {
-        if part == 0 {
+        if prefetch {
             prefetch_row_ahead(values.as_ptr().wrapping_add(j * stride), stride);
         }
         // SAFETY: within value row `j` and each head's weights, checked above.
