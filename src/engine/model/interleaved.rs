@@ -258,9 +258,9 @@ enum Instructions {
     Avx2,
     /// AVX-512 VNNI on 256-bit registers: bytes multiply and sum in one step.
     Avx512Vnni,
-    /// [`Instructions::Avx512Vnni`], and for Q4_1 and Q8_0 weights times two
-    /// or more input rows, 512-bit registers that hold two rows' products
-    /// with a group block ([`kernel::pairs`]).
+    /// [`Instructions::Avx512Vnni`], and for two or more input rows,
+    /// 512-bit registers that hold two rows' products with a group block
+    /// ([`kernel::pairs`]).
     Avx512Pairs,
 }
 
@@ -279,11 +279,9 @@ impl Instructions {
         Some(Instructions::Avx2)
     }
 
-    /// Whether `format` times `rows` input rows runs two rows a register.
-    fn pairs_rows(self, format: Format, rows: usize) -> bool {
-        self == Instructions::Avx512Pairs
-            && matches!(format, Format::Q4_1 | Format::Q8_0)
-            && rows >= 2
+    /// Whether `rows` input rows run two rows a register.
+    fn pairs_rows(self, rows: usize) -> bool {
+        self == Instructions::Avx512Pairs && rows >= 2
     }
 }
 
@@ -368,7 +366,7 @@ impl InterleavedMatmul {
         };
         let values = &storage.as_slice::<f32>()?[layout.start_offset()..][..seq * width];
         let blocks = width / BLOCK;
-        let paired = self.instructions.pairs_rows(self.format, seq);
+        let paired = self.instructions.pairs_rows(seq);
         let mut inputs = vec![InputBlock::default(); seq * blocks];
         let mut pairs =
             vec![PairBlock::default(); if paired { seq.div_ceil(2) * blocks } else { 0 }];
@@ -497,7 +495,8 @@ impl InterleavedMatmul {
             match self.format {
                 Format::Q4_1 => kernel::pairs::q4_1(group, pairs, out),
                 Format::Q8_0 => kernel::pairs::q8_0(group, pairs, out),
-                Format::Q4K | Format::Q6K => unreachable!("pairs_rows admits Q4_1 and Q8_0"),
+                Format::Q4K => kernel::pairs::q4k(group, pairs, out),
+                Format::Q6K => kernel::pairs::q6k(group, pairs, out),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -597,6 +596,10 @@ struct PairBlock {
     minimum_weights: [f32; 2],
     /// Each row's `-128 · Σ q`, which takes the 128 off Q8_0's stored weights.
     offsets: [i32; 2],
+    /// Each row's `Σ q`, what a Q4_K sub-block's minimum is multiplied by.
+    totals: [i32; 2],
+    /// Each row's [`InputBlock::halves`], which Q6_K's sub-block scales multiply.
+    halves: [[i16; 2]; 2],
 }
 
 impl PairBlock {
@@ -609,6 +612,8 @@ impl PairBlock {
             scales: rows.map(|input| input.scale),
             minimum_weights: rows.map(|input| input.scale * input.total() as f32),
             offsets: rows.map(|input| -128 * input.total()),
+            totals: rows.map(InputBlock::total),
+            halves: rows.map(|input| input.halves),
         }
     }
 }
@@ -1153,8 +1158,8 @@ mod kernel {
         );
     }
 
-    /// Kernels for Q4_1 and Q8_0 weights that multiply a group block with
-    /// two input rows in one 512-bit register.
+    /// Kernels that multiply a group block with two input rows in one
+    /// 512-bit register.
     ///
     /// Each 32-bit lane pair holds one weight row's four values, once for
     /// each input row, and the inputs' [`PairBlock`] fields are 8-byte
@@ -1163,13 +1168,13 @@ mod kernel {
     /// with sixteen rows the 256-bit kernel reached 57 GMAC/s on one core
     /// of this machine's Xeon, a third of what its byte multiply-adds
     /// allow, and this one 131 (weights in cache). Every lane does
-    /// the 256-bit kernel's integer and float operations in the same order,
-    /// so a row's results are the same bits.
+    /// the 256-bit kernel's float operations in the same order on the same
+    /// exact integer sums, so a row's results are the same bits.
     ///
     /// [`PairBlock`]: super::PairBlock
     pub(super) mod pairs {
-        use super::super::{Format, PairBlock, GROUP, PAIR_TILE};
-        use super::prefetch_ahead;
+        use super::super::{Format, PairBlock, GROUP, PAIR_TILE, Q6K_VALUES};
+        use super::{paired, prefetch_ahead};
         use std::arch::x86_64::*;
 
         /// The permutation that puts each of eight 32-bit lanes twice, side by side.
@@ -1185,6 +1190,24 @@ mod kernel {
         unsafe fn doubled(at: *const u8) -> __m512i {
             // SAFETY: the caller's 32 bytes are readable.
             let eight = unsafe { _mm256_loadu_si256(at.cast()) };
+            _mm512_permutexvar_epi32(doubling(), _mm512_castsi256_si512(eight))
+        }
+
+        /// Eight bytes at `at`, widened to 32-bit integers, each twice side by side.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2")]
+        unsafe fn doubled_bytes(at: *const u8) -> __m512i {
+            // SAFETY: the caller's 8 bytes are readable.
+            let eight = unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(at.cast())) };
+            _mm512_permutexvar_epi32(doubling(), _mm512_castsi256_si512(eight))
+        }
+
+        /// Eight signed bytes at `at`, widened to 32-bit integers, each twice side by side.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2")]
+        unsafe fn doubled_signed_bytes(at: *const u8) -> __m512i {
+            // SAFETY: the caller's 8 bytes are readable.
+            let eight = unsafe { _mm256_cvtepi8_epi32(_mm_loadl_epi64(at.cast())) };
             _mm512_permutexvar_epi32(doubling(), _mm512_castsi256_si512(eight))
         }
 
@@ -1285,6 +1308,159 @@ mod kernel {
                     let scale = _mm512_mul_ps(scales, both_f32(&input.scales));
                     sums[p] = _mm512_fmadd_ps(dots, scale, sums[p]);
                     sums[p] = _mm512_fmadd_ps(minimums, both_f32(&input.minimum_weights), sums[p]);
+                });
+            }
+            store(sums, out);
+        }
+
+        by_pairs!(q4k, q4k_tile);
+
+        /// The 256-bit kernel's Q4_K sums, two input rows a register.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c,fma")]
+        unsafe fn q4k_tile<const P: usize>(group: &[u8], pairs: &[&[PairBlock]], out: &mut [f32]) {
+            let pairs: &[&[PairBlock]; P] = pairs.try_into().expect("P input pairs");
+            let nibbles = _mm512_set1_epi8(0x0F);
+            let mut sums = [_mm512_setzero_ps(); P];
+            for (b, block) in group
+                .chunks_exact(Format::Q4K.group_block_bytes())
+                .enumerate()
+            {
+                let at = block.as_ptr();
+                prefetch_ahead(at, Format::Q4K.group_block_bytes());
+                let mut dots = [_mm512_setzero_si512(); P];
+                for j in 0..8 {
+                    // Each row's sub-block scale in both 16-bit halves of its lanes.
+                    let scales = doubled_bytes(at.add(32 + 8 * j));
+                    let scales = _mm512_or_si512(scales, _mm512_slli_epi32::<16>(scales));
+                    let both_blocks = at.add(160 + 256 * (j / 2));
+                    let values: [__m512i; 8] = std::array::from_fn(|k| {
+                        let packed = doubled(both_blocks.add(32 * k));
+                        let packed = if j.is_multiple_of(2) {
+                            packed
+                        } else {
+                            _mm512_srli_epi16::<4>(packed)
+                        };
+                        _mm512_and_si512(packed, nibbles)
+                    });
+                    each_pair::<P>(|p| {
+                        let input = &pairs[p][8 * b + j];
+                        let mut first = _mm512_setzero_si512();
+                        let mut second = _mm512_setzero_si512();
+                        for k in 0..4 {
+                            first = _mm512_dpbusd_epi32(first, values[k], both(&input.quants[k]));
+                            second = _mm512_dpbusd_epi32(
+                                second,
+                                values[4 + k],
+                                both(&input.quants[4 + k]),
+                            );
+                        }
+                        // Sixteen products of a 4-bit value and an input
+                        // quant stay within 16 signed bits (16·15·127), so
+                        // the two halves' sums share a lane and one 16-bit
+                        // pair multiply-add scales and adds both, where a
+                        // 32-bit multiply waited ten cycles.
+                        let halves = _mm512_mask_blend_epi16(
+                            0xAAAA_AAAA,
+                            first,
+                            _mm512_slli_epi32::<16>(second),
+                        );
+                        dots[p] = _mm512_dpwssd_epi32(dots[p], halves, scales);
+                    });
+                }
+                let mut minimums = [_mm512_setzero_si512(); P];
+                for k in 0..4 {
+                    let mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(
+                        _mm_loadl_epi64(at.add(96 + 16 * k).cast()),
+                        _mm_loadl_epi64(at.add(104 + 16 * k).cast()),
+                    ));
+                    let mins = _mm512_permutexvar_epi32(doubling(), _mm512_castsi256_si512(mins));
+                    each_pair::<P>(|p| {
+                        let (first, second) =
+                            (&pairs[p][8 * b + 2 * k], &pairs[p][8 * b + 2 * k + 1]);
+                        let totals = [0, 1].map(|r| paired(first.totals[r], second.totals[r]));
+                        minimums[p] = _mm512_dpwssd_epi32(minimums[p], mins, both(&totals));
+                    });
+                }
+                let (d, dmin) = (doubled_f16(at), doubled_f16(at.add(16)));
+                each_pair::<P>(|p| {
+                    let scale = both_f32(&pairs[p][8 * b].scales);
+                    let (d, dmin) = (_mm512_mul_ps(d, scale), _mm512_mul_ps(dmin, scale));
+                    sums[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[p]), d, sums[p]);
+                    sums[p] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(minimums[p]), dmin, sums[p]);
+                });
+            }
+            store(sums, out);
+        }
+
+        by_pairs!(q6k, q6k_tile);
+
+        /// The 256-bit kernel's Q6_K sums, two input rows a register.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c,fma")]
+        unsafe fn q6k_tile<const P: usize>(group: &[u8], pairs: &[&[PairBlock]], out: &mut [f32]) {
+            let pairs: &[&[PairBlock]; P] = pairs.try_into().expect("P input pairs");
+            let whole = _mm512_set1_epi8(0x3F);
+            let top_two = _mm512_set1_epi8(0xC0u8 as i8);
+            let mut sums = [_mm512_setzero_ps(); P];
+            for (b, block) in group
+                .chunks_exact(Format::Q6K.group_block_bytes())
+                .enumerate()
+            {
+                let at = block.as_ptr();
+                prefetch_ahead(at, Format::Q6K.group_block_bytes());
+                let mut dots = [_mm512_setzero_si512(); P];
+                let mut offsets = [_mm512_setzero_si512(); P];
+                for j in 0..8 {
+                    let first_scales = doubled_signed_bytes(at.add(16 + 16 * j));
+                    let second_scales = doubled_signed_bytes(at.add(24 + 16 * j));
+                    let paired_scales = _mm512_or_si512(
+                        _mm512_and_si512(first_scales, _mm512_set1_epi32(0xFFFF)),
+                        _mm512_slli_epi32::<16>(second_scales),
+                    );
+                    let mut values = [_mm512_setzero_si512(); 8];
+                    for (four_values, values) in values.chunks_exact_mut(4).enumerate() {
+                        let run = at.add(Q6K_VALUES + 192 * j + 96 * four_values);
+                        let stored: [__m512i; 3] =
+                            std::array::from_fn(|m| doubled(run.add(32 * m)));
+                        for m in 0..3 {
+                            values[m] = _mm512_and_si512(stored[m], whole);
+                        }
+                        let parts = stored.map(|s| _mm512_and_si512(s, top_two));
+                        values[3] = _mm512_or_si512(
+                            _mm512_or_si512(
+                                _mm512_srli_epi16::<6>(parts[0]),
+                                _mm512_srli_epi16::<4>(parts[1]),
+                            ),
+                            _mm512_srli_epi16::<2>(parts[2]),
+                        );
+                    }
+                    each_pair::<P>(|p| {
+                        let input = &pairs[p][8 * b + j];
+                        let mut first = _mm512_setzero_si512();
+                        let mut second = _mm512_setzero_si512();
+                        for k in 0..4 {
+                            first = _mm512_dpbusd_epi32(first, values[k], both(&input.quants[k]));
+                            second = _mm512_dpbusd_epi32(
+                                second,
+                                values[4 + k],
+                                both(&input.quants[4 + k]),
+                            );
+                        }
+                        let dot = _mm512_add_epi32(
+                            _mm512_mullo_epi32(first, first_scales),
+                            _mm512_mullo_epi32(second, second_scales),
+                        );
+                        dots[p] = _mm512_add_epi32(dots[p], dot);
+                        offsets[p] =
+                            _mm512_dpwssd_epi32(offsets[p], paired_scales, both(&input.halves));
+                    });
+                }
+                let d = doubled_f16(at);
+                each_pair::<P>(|p| {
+                    let dots = _mm512_sub_epi32(dots[p], _mm512_slli_epi32::<5>(offsets[p]));
+                    let d = _mm512_mul_ps(d, both_f32(&pairs[p][8 * b].scales));
+                    sums[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), d, sums[p]);
                 });
             }
             store(sums, out);
@@ -1506,13 +1682,18 @@ mod tests {
 
     #[test]
     fn a_row_comes_out_the_same_alone_and_among_others() {
-        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
-            let stored = weight(16, 64, dtype);
+        for (dtype, width) in [
+            (GgmlDType::Q4_1, 64),
+            (GgmlDType::Q8_0, 64),
+            (GgmlDType::Q4K, 256),
+            (GgmlDType::Q6K, 256),
+        ] {
+            let stored = weight(16, width, dtype);
             let Some(matmul) = InterleavedMatmul::new(&stored) else {
                 return;
             };
             // Past a tile of pairs, and an odd row left over.
-            let x = inputs(19, 64);
+            let x = inputs(19, width);
             let together = values(&matmul.forward(&x).unwrap());
             for n in 0..19 {
                 let alone = values(&matmul.forward(&x.narrow(1, n, 1).unwrap()).unwrap());
@@ -1526,11 +1707,16 @@ mod tests {
         let Some(Instructions::Avx512Pairs) = Instructions::of_this_cpu() else {
             return; // this CPU has no 512-bit kernels to compare
         };
-        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
-            let stored = weight(24, 96, dtype);
+        for (dtype, width) in [
+            (GgmlDType::Q4_1, 96),
+            (GgmlDType::Q8_0, 96),
+            (GgmlDType::Q4K, 512),
+            (GgmlDType::Q6K, 512),
+        ] {
+            let stored = weight(24, width, dtype);
             let matmul = InterleavedMatmul::new(&stored).unwrap();
             for seq in [2, 3, 16, 17, 33] {
-                let x = inputs(seq, 96);
+                let x = inputs(seq, width);
                 let pairs = values(&matmul.forward(&x).unwrap());
                 let one_row = matmul.with(Instructions::Avx512Vnni);
                 assert_eq!(
