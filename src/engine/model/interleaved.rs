@@ -856,6 +856,37 @@ mod kernel {
         })
     }
 
+    /// The 6-bit values of input block `j` of the Q6_K group block at `at`,
+    /// as eight runs of four values of each row.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn q6k_block_values(at: *const u8, j: usize) -> [__m256i; 8] {
+        let whole = _mm256_set1_epi8(0x3F);
+        let top_two = _mm256_set1_epi8(0xC0u8 as i8);
+        let mut values = [_mm256_setzero_si256(); 8];
+        for (four_values, values) in values.chunks_exact_mut(4).enumerate() {
+            // SAFETY: the caller's group block holds input block `j`'s 192 bytes.
+            let run = unsafe { at.add(Q6K_VALUES + 192 * j + 96 * four_values) };
+            let stored: [__m256i; 3] =
+                // SAFETY: as above, three runs of 32 bytes.
+                std::array::from_fn(|m| unsafe { _mm256_loadu_si256(run.add(32 * m).cast()) });
+            for m in 0..3 {
+                values[m] = _mm256_and_si256(stored[m], whole);
+            }
+            // Masked first, the 16-bit shifts carry no bits from one byte
+            // into the next.
+            let parts = stored.map(|s| _mm256_and_si256(s, top_two));
+            values[3] = _mm256_or_si256(
+                _mm256_or_si256(
+                    _mm256_srli_epi16::<6>(parts[0]),
+                    _mm256_srli_epi16::<4>(parts[1]),
+                ),
+                _mm256_srli_epi16::<2>(parts[2]),
+            );
+        }
+        values
+    }
+
     /// Calls `f(n)` for each input row `n < N` of a tile, unrolled: with a
     /// constant `n` the arrays a kernel indexes by row stay in registers,
     /// where a loop kept them on the stack.
@@ -1079,8 +1110,6 @@ mod kernel {
                 out: &mut [f32],
             ) {
                 let inputs: &[&[InputBlock]; N] = inputs.try_into().expect("N input rows");
-                let whole = _mm256_set1_epi8(0x3F);
-                let top_two = _mm256_set1_epi8(0xC0u8 as i8);
                 let mut sums = [_mm256_setzero_ps(); N];
                 for (b, block) in group
                     .chunks_exact(Format::Q6K.group_block_bytes())
@@ -1098,25 +1127,7 @@ mod kernel {
                             _mm256_and_si256(first_scales, _mm256_set1_epi32(0xFFFF)),
                             _mm256_slli_epi32::<16>(second_scales),
                         );
-                        let mut values = [_mm256_setzero_si256(); 8];
-                        for (four_values, values) in values.chunks_exact_mut(4).enumerate() {
-                            let run = at.add(Q6K_VALUES + 192 * j + 96 * four_values);
-                            let stored: [__m256i; 3] =
-                                std::array::from_fn(|m| _mm256_loadu_si256(run.add(32 * m).cast()));
-                            for m in 0..3 {
-                                values[m] = _mm256_and_si256(stored[m], whole);
-                            }
-                            // Masked first, the 16-bit shifts carry no bits
-                            // from one byte into the next.
-                            let parts = stored.map(|s| _mm256_and_si256(s, top_two));
-                            values[3] = _mm256_or_si256(
-                                _mm256_or_si256(
-                                    _mm256_srli_epi16::<6>(parts[0]),
-                                    _mm256_srli_epi16::<4>(parts[1]),
-                                ),
-                                _mm256_srli_epi16::<2>(parts[2]),
-                            );
-                        }
+                        let values = q6k_block_values(at, j);
                         each_row::<N>(|n| {
                             let input = &inputs[n][8 * b + j];
                             let mut first = _mm256_setzero_si256();
@@ -1173,8 +1184,8 @@ mod kernel {
     ///
     /// [`PairBlock`]: super::PairBlock
     pub(super) mod pairs {
-        use super::super::{Format, PairBlock, GROUP, PAIR_TILE, Q6K_VALUES};
-        use super::{paired, prefetch_ahead};
+        use super::super::{Format, PairBlock, GROUP, PAIR_TILE};
+        use super::{eight_bytes, eight_signed_bytes, paired, prefetch_ahead, q6k_block_values};
         use std::arch::x86_64::*;
 
         /// The permutation that puts each of eight 32-bit lanes twice, side by side.
@@ -1189,25 +1200,13 @@ mod kernel {
         #[target_feature(enable = "avx512f")]
         unsafe fn doubled(at: *const u8) -> __m512i {
             // SAFETY: the caller's 32 bytes are readable.
-            let eight = unsafe { _mm256_loadu_si256(at.cast()) };
-            _mm512_permutexvar_epi32(doubling(), _mm512_castsi256_si512(eight))
+            double(unsafe { _mm256_loadu_si256(at.cast()) })
         }
 
-        /// Eight bytes at `at`, widened to 32-bit integers, each twice side by side.
+        /// Each 32-bit lane of `eight` twice, side by side.
         #[inline]
-        #[target_feature(enable = "avx512f,avx2")]
-        unsafe fn doubled_bytes(at: *const u8) -> __m512i {
-            // SAFETY: the caller's 8 bytes are readable.
-            let eight = unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(at.cast())) };
-            _mm512_permutexvar_epi32(doubling(), _mm512_castsi256_si512(eight))
-        }
-
-        /// Eight signed bytes at `at`, widened to 32-bit integers, each twice side by side.
-        #[inline]
-        #[target_feature(enable = "avx512f,avx2")]
-        unsafe fn doubled_signed_bytes(at: *const u8) -> __m512i {
-            // SAFETY: the caller's 8 bytes are readable.
-            let eight = unsafe { _mm256_cvtepi8_epi32(_mm_loadl_epi64(at.cast())) };
+        #[target_feature(enable = "avx512f")]
+        fn double(eight: __m256i) -> __m512i {
             _mm512_permutexvar_epi32(doubling(), _mm512_castsi256_si512(eight))
         }
 
@@ -1234,6 +1233,22 @@ mod kernel {
         #[target_feature(enable = "avx512f")]
         fn both_f32(field: &[f32; 2]) -> __m512 {
             _mm512_castsi512_ps(both(field))
+        }
+
+        /// Each lane's sums of products of `values` with `input`'s quants,
+        /// for the block's first and second sixteen values, in two chains
+        /// that halve the wait on each multiply-add's result.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512vnni")]
+        fn half_sums(values: &[__m512i; 8], input: &PairBlock) -> [__m512i; 2] {
+            let mut sums = [_mm512_setzero_si512(); 2];
+            for k in 0..4 {
+                for (half, sum) in sums.iter_mut().enumerate() {
+                    let at = 4 * half + k;
+                    *sum = _mm512_dpbusd_epi32(*sum, values[at], both(&input.quants[at]));
+                }
+            }
+            sums
         }
 
         /// Stores each pair's sums in `out`: the first row's eight, then the second's.
@@ -1339,8 +1354,11 @@ mod kernel {
                 let mut dots = [_mm512_setzero_si512(); P];
                 for j in 0..8 {
                     // Each row's sub-block scale in both 16-bit halves of its lanes.
-                    let scales = doubled_bytes(at.add(32 + 8 * j));
+                    let scales = double(eight_bytes(at.add(32 + 8 * j)));
                     let scales = _mm512_or_si512(scales, _mm512_slli_epi32::<16>(scales));
+                    // Unpacked in 512-bit registers from doubled loads: unpacking
+                    // with `block_nibbles` and doubling after read slower (a median
+                    // of 90 against 100 tok/s over ten alternated Qwen-1.5B prefills).
                     let both_blocks = at.add(160 + 256 * (j / 2));
                     let values: [__m512i; 8] = std::array::from_fn(|k| {
                         let packed = doubled(both_blocks.add(32 * k));
@@ -1353,16 +1371,7 @@ mod kernel {
                     });
                     each_pair::<P>(|p| {
                         let input = &pairs[p][8 * b + j];
-                        let mut first = _mm512_setzero_si512();
-                        let mut second = _mm512_setzero_si512();
-                        for k in 0..4 {
-                            first = _mm512_dpbusd_epi32(first, values[k], both(&input.quants[k]));
-                            second = _mm512_dpbusd_epi32(
-                                second,
-                                values[4 + k],
-                                both(&input.quants[4 + k]),
-                            );
-                        }
+                        let [first, second] = half_sums(&values, input);
                         // Sixteen products of a 4-bit value and an input
                         // quant stay within 16 signed bits (16·15·127), so
                         // the two halves' sums share a lane and one 16-bit
@@ -1408,8 +1417,6 @@ mod kernel {
         #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c,fma")]
         unsafe fn q6k_tile<const P: usize>(group: &[u8], pairs: &[&[PairBlock]], out: &mut [f32]) {
             let pairs: &[&[PairBlock]; P] = pairs.try_into().expect("P input pairs");
-            let whole = _mm512_set1_epi8(0x3F);
-            let top_two = _mm512_set1_epi8(0xC0u8 as i8);
             let mut sums = [_mm512_setzero_ps(); P];
             for (b, block) in group
                 .chunks_exact(Format::Q6K.group_block_bytes())
@@ -1420,41 +1427,16 @@ mod kernel {
                 let mut dots = [_mm512_setzero_si512(); P];
                 let mut offsets = [_mm512_setzero_si512(); P];
                 for j in 0..8 {
-                    let first_scales = doubled_signed_bytes(at.add(16 + 16 * j));
-                    let second_scales = doubled_signed_bytes(at.add(24 + 16 * j));
+                    let first_scales = double(eight_signed_bytes(at.add(16 + 16 * j)));
+                    let second_scales = double(eight_signed_bytes(at.add(24 + 16 * j)));
                     let paired_scales = _mm512_or_si512(
                         _mm512_and_si512(first_scales, _mm512_set1_epi32(0xFFFF)),
                         _mm512_slli_epi32::<16>(second_scales),
                     );
-                    let mut values = [_mm512_setzero_si512(); 8];
-                    for (four_values, values) in values.chunks_exact_mut(4).enumerate() {
-                        let run = at.add(Q6K_VALUES + 192 * j + 96 * four_values);
-                        let stored: [__m512i; 3] =
-                            std::array::from_fn(|m| doubled(run.add(32 * m)));
-                        for m in 0..3 {
-                            values[m] = _mm512_and_si512(stored[m], whole);
-                        }
-                        let parts = stored.map(|s| _mm512_and_si512(s, top_two));
-                        values[3] = _mm512_or_si512(
-                            _mm512_or_si512(
-                                _mm512_srli_epi16::<6>(parts[0]),
-                                _mm512_srli_epi16::<4>(parts[1]),
-                            ),
-                            _mm512_srli_epi16::<2>(parts[2]),
-                        );
-                    }
+                    let values = q6k_block_values(at, j).map(|values| double(values));
                     each_pair::<P>(|p| {
                         let input = &pairs[p][8 * b + j];
-                        let mut first = _mm512_setzero_si512();
-                        let mut second = _mm512_setzero_si512();
-                        for k in 0..4 {
-                            first = _mm512_dpbusd_epi32(first, values[k], both(&input.quants[k]));
-                            second = _mm512_dpbusd_epi32(
-                                second,
-                                values[4 + k],
-                                both(&input.quants[4 + k]),
-                            );
-                        }
+                        let [first, second] = half_sums(&values, input);
                         let dot = _mm512_add_epi32(
                             _mm512_mullo_epi32(first, first_scales),
                             _mm512_mullo_epi32(second, second_scales),
