@@ -5,9 +5,12 @@ Measures, with llama-cpp-python on a GGUF file, the figures `prism bench-engine`
 reports: prefill tokens/s of a cold prompt, decode tokens/s after it, and the
 seconds to re-encode a prompt whose first 90% is cached, on the very same
 pseudo-random token ids (the LCG below mirrors src/bench/engine.rs).
-Prints one JSON object per context length.
+Prints one JSON object per context length. With --sequences, it also decodes
+that many sequences side by side at the first context length, one token of
+each per batch as prism's `bench-engine --sequences` does, and prints one
+object per count with their aggregate decode tokens/s.
 
-    python scripts/llama_cpp_bench.py MODEL.gguf --threads 2 --context 512,2048
+    python scripts/llama_cpp_bench.py MODEL.gguf --threads 2 --context 512,2048 --sequences 1,4,16
 """
 import argparse
 import json
@@ -71,6 +74,65 @@ def measure(llm, context, decode_steps, repeats):
     }
 
 
+def measure_side_by_side(model_path, threads, context, decode_steps, count, repeats):
+    """Aggregate decode tokens/s of `count` sequences after the same prompt,
+    stepped together: every step is one batch holding one token of each.
+
+    Each sequence keeps its own KV stream (`kv_unified` off), which llama.cpp
+    recommends for sequences that share no prefix while decoding; on this
+    project's 2-core Xeon it decoded 4 and 16 SmolLM2 sequences 1.3-1.5x
+    faster than the unified cache did."""
+    model = llama_cpp.llama_model_load_from_file(
+        model_path.encode(), llama_cpp.llama_model_default_params()
+    )
+    vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    prompt = random_prompt(42, context, vocab)
+    steps = random_prompt(7, decode_steps, vocab)
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = count * (context + decode_steps + 16)
+    params.n_batch = params.n_ubatch = 512
+    params.n_seq_max = count
+    params.n_threads = params.n_threads_batch = threads
+    params.kv_unified = False
+    best = 0.0
+    for _ in range(max(repeats, 1)):
+        ctx = llama_cpp.llama_init_from_model(model, params)
+        batch = llama_cpp.llama_batch_init(512, 0, 1)
+
+        def run(rows):
+            """One batch of (token, position, sequence, wants logits) rows."""
+            batch.n_tokens = len(rows)
+            for i, (token, position, sequence, logits) in enumerate(rows):
+                batch.token[i] = token
+                batch.pos[i] = position
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = sequence
+                batch.logits[i] = logits
+            if llama_cpp.llama_decode(ctx, batch) != 0:
+                raise RuntimeError("llama_decode failed")
+
+        # The prompt is encoded once and copied to the other sequences.
+        for start in range(0, context, 512):
+            end = min(start + 512, context)
+            run([(prompt[p], p, 0, p == context - 1) for p in range(start, end)])
+        memory = llama_cpp.llama_get_memory(ctx)
+        for sequence in range(1, count):
+            llama_cpp.llama_memory_seq_cp(memory, 0, sequence, -1, -1)
+        start = time.perf_counter()
+        for step, token in enumerate(steps):
+            run([(token, context + step, sequence, True) for sequence in range(count)])
+        best = max(best, count * decode_steps / (time.perf_counter() - start))
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+    return {
+        "sequences": count,
+        "context_tokens": context,
+        "decode_steps": decode_steps,
+        "decode_tokens_per_second": best,
+    }
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
@@ -78,6 +140,7 @@ def main():
     parser.add_argument("--context", default="512,2048")
     parser.add_argument("--decode-steps", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--sequences", default="", help="counts of sequences decoded side by side")
     args = parser.parse_args()
     contexts = [int(c) for c in args.context.split(",")]
     llm = llama_cpp.Llama(
@@ -90,6 +153,12 @@ def main():
     )
     for context in contexts:
         print(json.dumps(measure(llm, context, args.decode_steps, args.repeats)), flush=True)
+    del llm
+    for count in (int(c) for c in args.sequences.split(",") if c):
+        figures = measure_side_by_side(
+            args.model, args.threads, contexts[0], args.decode_steps, count, args.repeats
+        )
+        print(json.dumps(figures), flush=True)
 
 
 if __name__ == "__main__":
