@@ -467,12 +467,9 @@ fn append_runs(
     (keys, values): (&Tensor, &Tensor),
 ) -> candle_core::Result<Vec<(Tensor, Tensor)>> {
     let append = |job: &mut Append| {
-        // (1, kv_heads, length, head_dim), as the cache stores them.
-        let run = |t: &Tensor| {
-            t.narrow(0, job.first, job.length)?
-                .transpose(0, 2)?
-                .contiguous()
-        };
+        // (1, kv_heads, length, head_dim), as the cache stores them: a view
+        // the cache reads in place.
+        let run = |t: &Tensor| t.narrow(0, job.first, job.length)?.transpose(0, 2);
         let appended = run(keys).and_then(|keys| {
             job.cache
                 .append(layer, &keys, &run(values)?)
