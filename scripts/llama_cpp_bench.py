@@ -78,10 +78,10 @@ def measure_side_by_side(model_path, threads, context, decode_steps, count, repe
     """Aggregate decode tokens/s of `count` sequences after the same prompt,
     stepped together: every step is one batch holding one token of each.
 
-    Each sequence keeps its own KV stream (`kv_unified` off), which llama.cpp
-    recommends for sequences that share no prefix while decoding; on this
-    project's 2-core Xeon it decoded 4 and 16 SmolLM2 sequences 1.3-1.5x
-    faster than the unified cache did."""
+    Each sequence keeps its own KV stream (`kv_unified` off), as each of
+    prism's sequences keeps its own cache; on this project's 2-core Xeon
+    that decoded 4 and 16 SmolLM2 sequences 1.3-1.5x faster than one
+    unified cache."""
     model = llama_cpp.llama_model_load_from_file(
         model_path.encode(), llama_cpp.llama_model_default_params()
     )
