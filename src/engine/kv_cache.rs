@@ -156,11 +156,7 @@ fn write_in_place(rows: &Tensor, to: &Tensor, at: usize) -> candle_core::Result<
     if !to.device().is_cpu() || layout.stride()[3] != 1 {
         return Ok(false);
     }
-    to.inplace_op1(&WriteRows {
-        source,
-        layout,
-        at,
-    })?;
+    to.inplace_op1(&WriteRows { source, layout, at })?;
     Ok(true)
 }
 
@@ -461,7 +457,8 @@ impl KvCache {
                     .contiguous()
                     .and_then(|rows| self.stored(&rows))
                     .context("KV cache append")?;
-                to.slice_set(&rows, 2, self.len).context("KV cache append")?;
+                to.slice_set(&rows, 2, self.len)
+                    .context("KV cache append")?;
             }
         }
         let total = self.len + seq;
