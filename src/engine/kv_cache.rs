@@ -180,9 +180,17 @@ impl candle_core::InplaceOp1 for WriteRows<'_> {
         use candle_core::CpuStorage;
         let (_, heads, seq, head_dim) = self.layout.shape().dims4()?;
         let (_, cache_heads, capacity, width) = layout.shape().dims4()?;
-        if cache_heads != heads || self.at + seq > capacity || !layout.is_contiguous() {
+        let row_width = match storage {
+            CpuStorage::U8(_) => head_dim + Q8_SCALE_BYTES,
+            _ => head_dim,
+        };
+        if cache_heads != heads
+            || width != row_width
+            || self.at + seq > capacity
+            || !layout.is_contiguous()
+        {
             candle_core::bail!(
-                "{seq} rows of {heads} heads at {} for a cache {:?}",
+                "{seq} rows of {heads} heads {head_dim} wide at {} for a cache {:?}",
                 self.at,
                 layout.dims()
             );
@@ -650,6 +658,25 @@ mod tests {
             let expected = layer.keys.narrow(2, 0, 4).unwrap();
             assert_eq!(keys.dims(), expected.dims(), "{dtype:?}");
             assert_eq!(as_floats(keys), as_floats(expected), "{dtype:?}");
+        }
+    }
+
+    #[test]
+    fn rows_of_another_width_are_refused_not_written() {
+        for dtype in [KvDtype::F32, KvDtype::Q8] {
+            let mut cache = KvCache::new(1, 2, 4, 64, dtype, &Device::Cpu);
+            cache.reserve(1).unwrap();
+            let narrow = Tensor::ones((1, 2, 1, 3), DType::F32, &Device::Cpu).unwrap();
+            assert!(cache.append(0, &narrow, &narrow).is_err(), "{dtype:?}");
+            let keys = &cache.layers[0].as_ref().unwrap().keys;
+            let stored: Vec<f32> = keys
+                .to_dtype(DType::F32)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            assert!(stored.iter().all(|&v| v == 0.0), "{dtype:?}");
         }
     }
 
