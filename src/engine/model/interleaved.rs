@@ -28,7 +28,7 @@ use std::sync::Arc;
 /// Values per block, in weights and inputs alike.
 const BLOCK: usize = 32;
 /// Weight rows whose blocks are interleaved.
-const GROUP: usize = 8;
+pub(crate) const GROUP: usize = 8;
 /// Input rows multiplied with one unpacked group block.
 const TILE: usize = 8;
 
@@ -290,7 +290,9 @@ impl Instructions {
 #[derive(Debug, Clone)]
 pub(crate) struct InterleavedMatmul {
     /// Group after group of [`GROUP`] rows, each group block after block.
-    interleaved: Arc<[u8]>,
+    /// An `Arc` of the `Vec` the groups were written into, since moving
+    /// them into an `Arc<[u8]>` would copy every byte of the weight.
+    interleaved: Arc<Vec<u8>>,
     format: Format,
     rows: usize,
     width: usize,
@@ -305,19 +307,12 @@ impl InterleavedMatmul {
         let &[rows, width] = weight.shape().dims() else {
             return None;
         };
-        let format = Format::of(weight.dtype())?;
-        let fits = weight.device().is_cpu()
-            && width.is_multiple_of(format.values())
-            && rows.is_multiple_of(GROUP);
-        let instructions = Instructions::of_this_cpu().filter(|_| fits)?;
-        let stored = weight.data().ok()?;
-        Some(InterleavedMatmul {
-            interleaved: interleave(&stored, width / format.values(), format).into(),
-            format,
-            rows,
-            width,
-            instructions,
-        })
+        if !weight.device().is_cpu() {
+            return None;
+        }
+        let mut interleaver = Interleaver::new(weight.dtype(), (rows, width))?;
+        interleaver.push(&weight.data().ok()?).ok()?;
+        interleaver.finish().ok()
     }
 
     /// The same matmul computed with `instructions` (no more than this
@@ -530,14 +525,88 @@ impl Output {
     }
 }
 
+/// Builds an [`InterleavedMatmul`] from a weight's stored rows handed over
+/// a few groups at a time, as they are read from a file: loading then never
+/// holds a whole weight's stored bytes beside its reordered copy.
+pub(crate) struct Interleaver {
+    format: Format,
+    rows: usize,
+    width: usize,
+    instructions: Instructions,
+    interleaved: Vec<u8>,
+    /// Bytes of `interleaved` written so far.
+    filled: usize,
+}
+
+impl Interleaver {
+    /// `None` unless `dtype` is one of the [`Format`]s, the `(rows, width)`
+    /// weight's rows come in whole groups of whole blocks, and this CPU has
+    /// the AVX2, FMA and F16C the kernel needs.
+    pub(crate) fn new(dtype: GgmlDType, (rows, width): (usize, usize)) -> Option<Self> {
+        let format = Format::of(dtype)?;
+        let fits = width > 0 && width.is_multiple_of(format.values()) && rows.is_multiple_of(GROUP);
+        let instructions = Instructions::of_this_cpu().filter(|_| fits)?;
+        let bytes = rows / GROUP * (width / format.values()) * format.group_block_bytes();
+        Some(Interleaver {
+            format,
+            rows,
+            width,
+            instructions,
+            interleaved: vec![0; bytes],
+            filled: 0,
+        })
+    }
+
+    /// Reorder `stored`, the weight's next rows as the file stores them:
+    /// whole groups, no more than are left.
+    pub(crate) fn push(&mut self, stored: &[u8]) -> Result<()> {
+        let blocks = self.width / self.format.values();
+        let group_bytes = GROUP * blocks * self.format.block_bytes();
+        let interleaved_bytes =
+            stored.len() / group_bytes * blocks * self.format.group_block_bytes();
+        let left = self.interleaved.len() - self.filled;
+        if !stored.len().is_multiple_of(group_bytes) || interleaved_bytes > left {
+            candle_core::bail!(
+                "{} bytes of {:?} rows are not whole groups of the {} rows left",
+                stored.len(),
+                self.format,
+                left / (blocks * self.format.group_block_bytes()) * GROUP
+            );
+        }
+        let out = &mut self.interleaved[self.filled..][..interleaved_bytes];
+        interleave(stored, blocks, self.format, out);
+        self.filled += interleaved_bytes;
+        Ok(())
+    }
+
+    /// The matmul, once every row has been pushed.
+    pub(crate) fn finish(self) -> Result<InterleavedMatmul> {
+        if self.filled != self.interleaved.len() {
+            candle_core::bail!(
+                "a {:?} weight of {} rows was handed over partly",
+                self.format,
+                self.rows
+            );
+        }
+        Ok(InterleavedMatmul {
+            interleaved: Arc::new(self.interleaved),
+            format: self.format,
+            rows: self.rows,
+            width: self.width,
+            instructions: self.instructions,
+        })
+    }
+}
+
 /// The stored rows of a matrix in `format`, `blocks` blocks each, with every
-/// [`GROUP`] rows interleaved block by block as [`Format`] describes.
-fn interleave(stored: &[u8], blocks: usize, format: Format) -> Vec<u8> {
+/// [`GROUP`] rows interleaved block by block as [`Format`] describes, into
+/// `interleaved`.
+fn interleave(stored: &[u8], blocks: usize, format: Format, interleaved: &mut [u8]) {
     let block_bytes = format.block_bytes();
     let row_bytes = blocks * block_bytes;
     let groups = stored.len() / row_bytes / GROUP;
     let group_block_bytes = format.group_block_bytes();
-    let mut interleaved = vec![0u8; groups * blocks * group_block_bytes];
+    debug_assert_eq!(interleaved.len(), groups * blocks * group_block_bytes);
     // A model's weights are reordered at every load; the cores share it.
     let per_thread = (groups * blocks).div_ceil(candle_core::utils::get_num_threads().max(1));
     std::thread::scope(|scope| {
@@ -558,7 +627,6 @@ fn interleave(stored: &[u8], blocks: usize, format: Format) -> Vec<u8> {
             });
         }
     });
-    interleaved
 }
 
 /// One block of an input row in 8 bits: value `i` is about
