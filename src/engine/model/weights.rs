@@ -7,18 +7,27 @@
 //! for K-quants) are stored in. So at load time:
 //! - Q4_1, Q8_0, Q4_K and Q6_K weights are reordered for our own kernel
 //!   ([`InterleavedMatmul`]); the other slow types are re-quantized to Q8_0;
+//!   from a GGUF file both happen as the rows are read, a few groups at a
+//!   time, so that a whole weight is never held twice;
 //! - for prompt tokens (prefill) a dense f32 copy runs a GEMM when
 //!   [`PrefillWeights::Dense`] is chosen, for every weight candle multiplies.
 
-use super::interleaved::InterleavedMatmul;
+use super::interleaved::{InterleavedMatmul, Interleaver, GROUP};
 use crate::error::{CandleContext, Error, Result};
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{Device, Module, Tensor};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// About how many bytes of a weight's stored rows are read from the file at
+/// a time when it is reordered as it is read ([`WeightFile::streamed`]).
+/// Unit tests read a group or two at a time, so that their small weights
+/// take several runs.
+const STREAMED_BYTES: usize = if cfg!(test) { 2048 } else { 4 << 20 };
 
 /// Which weights prompt (prefill) passes use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -141,10 +150,7 @@ impl WeightFile {
     }
 
     fn bad(&self, reason: String) -> Error {
-        Error::BadModelFile {
-            path: self.path().to_path_buf(),
-            reason,
-        }
+        bad_file(self.path(), reason)
     }
 
     pub(crate) fn contains(&self, name: &str) -> bool {
@@ -159,15 +165,14 @@ impl WeightFile {
     fn read(&mut self, name: &str, dims: &[usize], device: &Device) -> Result<Stored> {
         let stored = match self {
             WeightFile::Gguf {
-                content, reader, ..
+                path,
+                content,
+                reader,
             } => {
-                let gguf = gguf_name(name);
-                if !content.tensor_infos.contains_key(&gguf) {
-                    return Err(self.bad(format!("tensor `{gguf}` ({name}) is missing")));
-                }
-                match content.tensor(reader, &gguf, device) {
+                let (gguf, info) = gguf_tensor(path, content, name, dims)?;
+                match info.read(reader, content.tensor_data_offset, device) {
                     Ok(tensor) => Stored::Quantized(Arc::new(tensor)),
-                    Err(e) => return Err(self.bad(format!("tensor `{gguf}`: {e}"))),
+                    Err(e) => return Err(bad_file(path, format!("tensor `{gguf}`: {e}"))),
                 }
             }
             WeightFile::Safetensors { tensors, .. } => match tensors.get(name) {
@@ -188,6 +193,92 @@ impl WeightFile {
         Ok(stored)
     }
 
+    /// The matmul weights `names` (`outs[i]` rows of `in_dim`), stacked row
+    /// after row into one matmul for our own kernel and reordered as they are
+    /// read from a GGUF file, a few groups of rows at a time; when
+    /// `requantize`, a type the kernel does not take is re-quantized to Q8_0
+    /// on the way, as [`decode_weight`] does. Read whole, a weight's file
+    /// bytes, candle's blocks of them and the reordered copy were held at
+    /// once: Qwen2.5-0.5B's load peaked at 979 MB for 711 MB loaded.
+    ///
+    /// `None` where the kernel does not take them: from safetensors files,
+    /// on another device, stored in different types or in one it cannot
+    /// take, in rows that are not whole groups.
+    fn streamed(
+        &mut self,
+        names: &[String],
+        (outs, in_dim): (&[usize], usize),
+        requantize: bool,
+        device: &Device,
+    ) -> Result<Option<InterleavedMatmul>> {
+        let WeightFile::Gguf {
+            path,
+            content,
+            reader,
+        } = self
+        else {
+            return Ok(None);
+        };
+        let mut parts = Vec::with_capacity(names.len());
+        for (name, &rows) in names.iter().zip(outs) {
+            let (gguf, info) = gguf_tensor(path, content, name, &[rows, in_dim])?;
+            parts.push((gguf, info.ggml_dtype, info.offset, rows));
+        }
+        let Some(&(_, dtype, _, _)) = parts.first() else {
+            return Ok(None);
+        };
+        let whole = parts
+            .iter()
+            .all(|&(_, part_dtype, _, rows)| part_dtype == dtype && rows.is_multiple_of(GROUP));
+        if !device.is_cpu() || !whole || !in_dim.is_multiple_of(dtype.block_size()) {
+            return Ok(None);
+        }
+        let shape = (outs.iter().sum(), in_dim);
+        let (mut interleaver, requantizing) = match Interleaver::new(dtype, shape) {
+            Some(interleaver) => (interleaver, false),
+            None if requantize && slow_on_cpu(dtype) => {
+                match Interleaver::new(GgmlDType::Q8_0, shape) {
+                    Some(interleaver) => (interleaver, true),
+                    None => return Ok(None),
+                }
+            }
+            None => return Ok(None),
+        };
+        let row_bytes = in_dim / dtype.block_size() * dtype.type_size();
+        let run_rows = GROUP * (STREAMED_BYTES / (GROUP * row_bytes)).max(1);
+        let mut stored = Vec::new();
+        for (gguf, _, offset, rows) in parts {
+            let failed = |e: String| bad_file(path, format!("tensor `{gguf}`: {e}"));
+            let start = content.tensor_data_offset.saturating_add(offset);
+            reader
+                .seek(SeekFrom::Start(start))
+                .map_err(|e| failed(e.to_string()))?;
+            for first in (0..rows).step_by(run_rows) {
+                let run = run_rows.min(rows - first);
+                stored.resize(run * row_bytes, 0);
+                reader.read_exact(&mut stored).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => failed("the file ends inside it".into()),
+                    _ => failed(e.to_string()),
+                })?;
+                let pushed = if requantizing {
+                    QStorage::from_data(Cow::Borrowed(&stored), device, dtype)
+                        .and_then(|storage| QTensor::new(storage, (run, in_dim)))
+                        .and_then(|tensor| to_q8_0(&tensor, device))
+                        .and_then(|tensor| interleaver.push(&tensor.data()?))
+                } else {
+                    interleaver.push(&stored)
+                };
+                pushed.map_err(|e| failed(e.to_string()))?;
+            }
+        }
+        let names = names.join(", ");
+        Ok(Some(
+            interleaver
+                .finish()
+                .context(format!("reordering {names}"))?,
+        ))
+    }
+
     /// A dense f32 tensor (norm weights, biases, embeddings).
     pub(crate) fn dense(&mut self, name: &str, dims: &[usize], device: &Device) -> Result<Tensor> {
         match self.read(name, dims, device)? {
@@ -206,6 +297,11 @@ impl WeightFile {
         (vocab, hidden): (usize, usize),
         device: &Device,
     ) -> Result<Embedding> {
+        // Re-quantized, a table's lookups would read other values.
+        let names = [name.to_string()];
+        if let Some(table) = self.streamed(&names, (&[vocab], hidden), false, device)? {
+            return Ok(Embedding::Interleaved(table));
+        }
         match self.read(name, &[vocab, hidden], device)? {
             Stored::Quantized(table) if device.is_cpu() && table.dtype().block_size() > 1 => {
                 if let Some(interleaved) = InterleavedMatmul::new(&table) {
@@ -237,12 +333,16 @@ impl WeightFile {
         device: &Device,
     ) -> Result<Linear> {
         let name = format!("{prefix}.weight");
-        let stored = self.read(&name, &[out_dim, in_dim], device)?;
         let bias = if bias {
             Some(self.dense(&format!("{prefix}.bias"), &[out_dim], device)?)
         } else {
             None
         };
+        let names = std::slice::from_ref(&name);
+        if let Some(matmul) = self.streamed(names, (&[out_dim], in_dim), true, device)? {
+            return Ok(Linear::interleaved(matmul, bias));
+        }
+        let stored = self.read(&name, &[out_dim, in_dim], device)?;
         Linear::new(stored, bias, prefill, device).context(format!("preparing {name}"))
     }
 
@@ -261,25 +361,35 @@ impl WeightFile {
         prefill: PrefillWeights,
         device: &Device,
     ) -> Result<Projections> {
-        let mut parts = Vec::with_capacity(prefixes.len());
         let mut biases = Vec::with_capacity(prefixes.len());
-        for (prefix, &out_dim) in prefixes.iter().zip(outs) {
-            parts.push(self.read(&format!("{prefix}.weight"), &[out_dim, in_dim], device)?);
-            if bias {
+        if bias {
+            for (prefix, &out_dim) in prefixes.iter().zip(outs) {
                 biases.push(self.dense(&format!("{prefix}.bias"), &[out_dim], device)?);
             }
         }
-        let rows: usize = outs.iter().sum();
         let name = format!("{} stacked", prefixes.join(", "));
+        let stacked_bias = || match bias {
+            true => Tensor::cat(&biases, 0)
+                .map(Some)
+                .context(format!("stacking the biases of {name}")),
+            false => Ok(None),
+        };
+        let names: Vec<String> = prefixes.iter().map(|p| format!("{p}.weight")).collect();
+        if let Some(matmul) = self.streamed(&names, (outs, in_dim), true, device)? {
+            return Ok(Projections::Stacked {
+                weight: Linear::interleaved(matmul, stacked_bias()?),
+                outs: outs.to_vec(),
+            });
+        }
+        let mut parts = Vec::with_capacity(prefixes.len());
+        for (name, &out_dim) in names.iter().zip(outs) {
+            parts.push(self.read(name, &[out_dim, in_dim], device)?);
+        }
+        let rows: usize = outs.iter().sum();
         let stacked =
             Stored::stack(&parts, (rows, in_dim), device).context(format!("stacking {name}"))?;
         if let Some(stored) = stacked {
-            let bias = if bias {
-                let stacked = Tensor::cat(&biases, 0);
-                Some(stacked.context(format!("stacking the biases of {name}"))?)
-            } else {
-                None
-            };
+            let bias = stacked_bias()?;
             let weight =
                 Linear::new(stored, bias, prefill, device).context(format!("preparing {name}"))?;
             return Ok(Projections::Stacked {
@@ -333,6 +443,14 @@ impl Projections {
 }
 
 impl Linear {
+    fn interleaved(matmul: InterleavedMatmul, bias: Option<Tensor>) -> Linear {
+        Linear {
+            weight: DecodeWeight::Interleaved(matmul),
+            dense: None,
+            bias,
+        }
+    }
+
     /// The matmul of a weight as the file stores it, with its dense copy
     /// for prompts when `prefill` asks for one and candle multiplies it.
     fn new(
@@ -439,18 +557,61 @@ fn decode_weight(tensor: Arc<QTensor>, device: &Device) -> candle_core::Result<D
     if let Some(matmul) = InterleavedMatmul::new(&tensor) {
         return Ok(DecodeWeight::Interleaved(matmul));
     }
-    let slow_on_cpu = matches!(
-        tensor.dtype(),
-        GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1 | GgmlDType::Q8_1
-    );
-    if !device.is_cpu() || !slow_on_cpu {
+    if !device.is_cpu() || !slow_on_cpu(tensor.dtype()) {
         return Ok(DecodeWeight::Candle(QMatMul::from_arc(tensor)?));
     }
-    let requantized = QTensor::quantize(&tensor.dequantize(device)?, GgmlDType::Q8_0)?;
+    let requantized = to_q8_0(&tensor, device)?;
     Ok(match InterleavedMatmul::new(&requantized) {
         Some(matmul) => DecodeWeight::Interleaved(matmul),
         None => DecodeWeight::Candle(QMatMul::from_qtensor(requantized)?),
     })
+}
+
+/// Whether candle multiplies `dtype` on the CPU with only its slow generic
+/// loop, so that a weight stored in it is better re-quantized to Q8_0.
+fn slow_on_cpu(dtype: GgmlDType) -> bool {
+    matches!(
+        dtype,
+        GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1 | GgmlDType::Q8_1
+    )
+}
+
+/// `tensor` re-quantized to Q8_0. Blocks quantize one by one, so a weight
+/// re-quantized a run of rows at a time gets the same bytes as whole.
+fn to_q8_0(tensor: &QTensor, device: &Device) -> candle_core::Result<QTensor> {
+    QTensor::quantize(&tensor.dequantize(device)?, GgmlDType::Q8_0)
+}
+
+/// The GGUF name of the tensor `name` and what the file says of it, after
+/// checking that it is there and of shape `dims`.
+fn gguf_tensor<'a>(
+    path: &Path,
+    content: &'a gguf_file::Content,
+    name: &str,
+    dims: &[usize],
+) -> Result<(String, &'a gguf_file::TensorInfo)> {
+    let gguf = gguf_name(name);
+    let Some(info) = content.tensor_infos.get(&gguf) else {
+        return Err(bad_file(
+            path,
+            format!("tensor `{gguf}` ({name}) is missing"),
+        ));
+    };
+    let found = info.shape.dims();
+    if found != dims {
+        return Err(bad_file(
+            path,
+            format!("tensor `{name}` has shape {found:?}, expected {dims:?}"),
+        ));
+    }
+    Ok((gguf, info))
+}
+
+fn bad_file(path: &Path, reason: String) -> Error {
+    Error::BadModelFile {
+        path: path.to_path_buf(),
+        reason,
+    }
 }
 
 enum Stored {
@@ -569,6 +730,190 @@ mod tests {
             );
             assert!(embedding.rows(&[8], &device).is_err(), "past the table");
         }
+    }
+
+    /// Values in -1..1 that do not repeat within a row.
+    fn weight(rows: usize, width: usize, dtype: GgmlDType, salt: usize) -> QTensor {
+        let values: Vec<f32> = (0..rows * width)
+            .map(|i| (((i + salt) * 7919) % 1009) as f32 / 504.5 - 1.0)
+            .collect();
+        let dense = Tensor::from_vec(values, (rows, width), &Device::Cpu).unwrap();
+        QTensor::quantize(&dense, dtype).unwrap()
+    }
+
+    /// `tensors` (by Hugging Face name) written to a GGUF file in `dir` and
+    /// opened again; the file is cut short by `cut` bytes.
+    fn gguf_file(dir: &Path, tensors: &[(&str, &QTensor)], cut: u64) -> WeightFile {
+        let path = dir.join("weights.gguf");
+        let named: Vec<(String, &QTensor)> = tensors
+            .iter()
+            .map(|&(name, tensor)| (gguf_name(name), tensor))
+            .collect();
+        let named: Vec<(&str, &QTensor)> = named.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+        let mut file = File::create(&path).unwrap();
+        gguf_file::write(&mut file, &[], &named).unwrap();
+        let length = file.metadata().unwrap().len();
+        file.set_len(length - cut).unwrap();
+        let mut file = File::open(&path).unwrap();
+        let content = gguf_file::Content::read(&mut file).unwrap();
+        WeightFile::gguf(&path, content, file)
+    }
+
+    fn outputs(linear: &Linear, x: &Tensor) -> Vec<Vec<f32>> {
+        [Pass::Prompt, Pass::Decode]
+            .into_iter()
+            .map(|pass| linear.forward(x, pass).unwrap().flatten_all().unwrap())
+            .map(|out| out.to_vec1::<f32>().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn weights_reordered_as_they_are_read_multiply_as_whole_ones() {
+        let device = Device::Cpu;
+        let dir = tempfile::tempdir().unwrap();
+        // Q5_0 is re-quantized on the way, the others reordered as stored,
+        // each in runs of a group or two.
+        let parts = [
+            (
+                "model.layers.0.self_attn.q_proj",
+                weight(16, 256, GgmlDType::Q5_0, 1),
+            ),
+            (
+                "model.layers.0.self_attn.k_proj",
+                weight(8, 256, GgmlDType::Q5_0, 2),
+            ),
+            (
+                "model.layers.0.self_attn.v_proj",
+                weight(8, 256, GgmlDType::Q5_0, 3),
+            ),
+            (
+                "model.layers.0.mlp.gate_proj",
+                weight(72, 256, GgmlDType::Q4_1, 4),
+            ),
+            (
+                "model.layers.0.mlp.down_proj",
+                weight(16, 256, GgmlDType::Q4K, 5),
+            ),
+            ("lm_head", weight(24, 256, GgmlDType::Q8_0, 6)),
+        ];
+        let names: Vec<String> = parts.iter().map(|(p, _)| format!("{p}.weight")).collect();
+        let tensors: Vec<(&str, &QTensor)> = names
+            .iter()
+            .zip(&parts)
+            .map(|(n, (_, t))| (n.as_str(), t))
+            .collect();
+        let mut file = gguf_file(dir.path(), &tensors, 0);
+        let x = Tensor::from_vec(
+            (0..3 * 256)
+                .map(|i| ((i * 31) % 97) as f32 / 48.0 - 1.0)
+                .collect(),
+            (1, 3, 256),
+            &device,
+        )
+        .unwrap();
+        let whole = |tensor: &QTensor| {
+            let data = tensor.data().unwrap();
+            let storage = QStorage::from_data(data, &device, tensor.dtype()).unwrap();
+            let copy = QTensor::new(storage, tensor.shape()).unwrap();
+            let stored = Stored::Quantized(Arc::new(copy));
+            Linear::new(stored, None, PrefillWeights::Quantized, &device).unwrap()
+        };
+        let prefixes: Vec<String> = parts[..3].iter().map(|(p, _)| p.to_string()).collect();
+        let qkv = file
+            .projections(
+                &prefixes,
+                (&[16, 8, 8], 256),
+                false,
+                PrefillWeights::Quantized,
+                &device,
+            )
+            .unwrap();
+        let Projections::Stacked {
+            weight: stacked, ..
+        } = &qkv
+        else {
+            panic!("q, k and v stored alike are stacked");
+        };
+        let streamed = super::super::has_avx2_fma_f16c();
+        assert_eq!(
+            matches!(stacked.weight, DecodeWeight::Interleaved(_)),
+            streamed
+        );
+        let separate: Vec<Vec<Vec<f32>>> = parts[..3]
+            .iter()
+            .map(|(_, t)| outputs(&whole(t), &x))
+            .collect();
+        for (pass, stacked) in outputs(stacked, &x).iter().enumerate() {
+            // Row after row, q's columns then k's then v's.
+            let expected: Vec<f32> = (0..3)
+                .flat_map(|row| {
+                    separate.iter().flat_map(move |part| {
+                        let width = part[pass].len() / 3;
+                        part[pass][row * width..][..width].to_vec()
+                    })
+                })
+                .collect();
+            assert_eq!(stacked, &expected);
+        }
+        for (prefix, tensor) in &parts[3..] {
+            let rows = tensor.shape().dims()[0];
+            let linear = file
+                .linear(
+                    prefix,
+                    (rows, 256),
+                    false,
+                    PrefillWeights::Quantized,
+                    &device,
+                )
+                .unwrap();
+            assert_eq!(
+                matches!(linear.weight, DecodeWeight::Interleaved(_)),
+                streamed
+            );
+            assert_eq!(
+                outputs(&linear, &x),
+                outputs(&whole(tensor), &x),
+                "{prefix}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_weight_cut_short_by_the_file_end_is_refused() {
+        let device = Device::Cpu;
+        let dir = tempfile::tempdir().unwrap();
+        let gate = weight(64, 256, GgmlDType::Q4_1, 1);
+        let mut file = gguf_file(
+            dir.path(),
+            &[("model.layers.0.mlp.gate_proj.weight", &gate)],
+            100,
+        );
+        let error = file
+            .linear(
+                "model.layers.0.mlp.gate_proj",
+                (64, 256),
+                false,
+                PrefillWeights::Quantized,
+                &device,
+            )
+            .expect_err("a weight past the end of the file");
+        assert!(matches!(error, Error::BadModelFile { .. }), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("`blk.0.ffn_gate.weight`: the file ends inside it"),
+            "{error}"
+        );
+        let error = file
+            .linear(
+                "model.layers.0.mlp.gate_proj",
+                (32, 256),
+                false,
+                PrefillWeights::Quantized,
+                &device,
+            )
+            .expect_err("a shape other than the file's");
+        assert!(error.to_string().contains("expected [32, 256]"), "{error}");
     }
 
     #[test]
