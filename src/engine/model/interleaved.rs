@@ -193,21 +193,20 @@ const Q6K_VALUES: usize = 16 + 128;
 /// time in their top bits, so that each register costs one mask to unpack
 /// and the fourth a few shifts, with no byte stored twice.
 fn interleave_q6k_block(stored: [&[u8]; GROUP], out: &mut [u8]) {
-    out[Q6K_VALUES..].fill(0);
     for (r, block) in stored.iter().enumerate() {
         out[2 * r..2 * r + 2].copy_from_slice(&block[208..210]);
         for (s, scale) in block[192..208].iter().enumerate() {
             out[16 + 8 * s + r] = *scale;
         }
-        for (v, value) in q6k_values(block).iter().enumerate() {
-            let w = (value + 32) as u8;
-            match q6k_bytes(r, v) {
-                (bytes, 3 | 7) => {
-                    for (m, at) in bytes.into_iter().enumerate() {
-                        out[at] |= (w >> (2 * m) & 3) << 6;
-                    }
+        // Each sixteen values (four registers) fill three runs of 32 bytes,
+        // as `q6k_bytes` places them, one byte at a time.
+        for (sixteen, values) in q6k_values(block).chunks_exact(16).enumerate() {
+            let w = |v: usize| (values[v] + 32) as u8;
+            let at = Q6K_VALUES + 96 * sixteen + 4 * r;
+            for m in 0..3 {
+                for i in 0..4 {
+                    out[at + 32 * m + i] = w(4 * m + i) | (w(12 + i) >> (2 * m) & 3) << 6;
                 }
-                (bytes, k) => out[bytes[k % 4]] |= w,
             }
         }
     }
@@ -228,13 +227,19 @@ fn q6k_bytes(r: usize, v: usize) -> ([usize; 3], usize) {
 /// quarters 0 and 2 in their low and high nibbles, the next 32 quarters 1
 /// and 3) and 32 bytes holding the top two bits of its four quarters.
 fn q6k_values(block: &[u8]) -> [i8; 256] {
-    let (low, high) = (&block[..128], &block[128..192]);
-    std::array::from_fn(|v| {
-        let (half, quarter, l) = (v / 128, v % 128 / 32, v % 32);
-        let nibbles = low[64 * half + 32 * (quarter % 2) + l] >> (4 * (quarter / 2));
-        let top = high[32 * half + l] >> (2 * quarter);
-        ((nibbles & 0x0F) | ((top & 3) << 4)) as i8 - 32
-    })
+    let mut values = [0i8; 256];
+    for (half, values) in values.chunks_exact_mut(128).enumerate() {
+        let (low, high) = (&block[64 * half..][..64], &block[128 + 32 * half..][..32]);
+        for l in 0..32 {
+            let (first, second, top) = (low[l], low[32 + l], high[l]);
+            let value = |nibble: u8, bits: u8| ((nibble & 0x0F) | (bits & 3) << 4) as i8 - 32;
+            values[l] = value(first, top);
+            values[32 + l] = value(second, top >> 2);
+            values[64 + l] = value(first >> 4, top >> 4);
+            values[96 + l] = value(second >> 4, top >> 6);
+        }
+    }
+    values
 }
 
 /// The 6-bit scale and minimum of sub-block `j` of a Q4_K block, from its
