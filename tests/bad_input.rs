@@ -144,6 +144,20 @@ fn a_huge_context_length_in_a_config_json_is_one_error_line() {
 }
 
 #[test]
+fn a_weights_file_cut_short_is_one_error_line() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), TinyArch::Llama, 3);
+    let weights = dir.path().join("model.safetensors");
+    let length = std::fs::metadata(&weights).unwrap().len();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&weights)
+        .unwrap();
+    file.set_len(length - 100).unwrap();
+    assert_one_error_line(&generate_with(dir.path()), "model.safetensors");
+}
+
+#[test]
 fn a_chat_template_that_loops_is_stopped() {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_model(dir.path(), TinyArch::Llama, 3);

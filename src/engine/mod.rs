@@ -244,7 +244,7 @@ impl Engine {
                     let config = Config::from_hf_json(&json, &config_path)?;
                     let format = PromptFormat::new(name, Tokenizer::from_hf_dir(dir)?, &config)?;
                     let files = safetensors_files(dir)?;
-                    let weights = WeightFile::safetensors(dir, &files, &device)?;
+                    let weights = WeightFile::safetensors(dir, &files)?;
                     (name, config, format, weights)
                 }
             };

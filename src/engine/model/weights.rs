@@ -15,9 +15,9 @@
 use super::interleaved::{InterleavedMatmul, Interleaver, GROUP};
 use crate::error::{CandleContext, Error, Result};
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QStorage, QTensor};
+use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{Device, Module, Tensor};
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -113,7 +113,9 @@ pub(crate) enum WeightFile {
     },
     Safetensors {
         path: PathBuf,
-        tensors: HashMap<String, Tensor>,
+        /// Each file mapped, not read: a tensor is copied out when it is
+        /// loaded, and the file's pages stay the kernel's to drop.
+        files: Vec<MmapedSafetensors>,
     },
 }
 
@@ -126,21 +128,33 @@ impl WeightFile {
         }
     }
 
-    /// Load every tensor of the given safetensors files (shards of one model).
-    pub(crate) fn safetensors(dir: &Path, files: &[PathBuf], device: &Device) -> Result<Self> {
-        let mut tensors = HashMap::new();
+    /// Map the given safetensors files (shards of one model) and check
+    /// their headers.
+    pub(crate) fn safetensors(dir: &Path, files: &[PathBuf]) -> Result<Self> {
+        let mut mapped = Vec::with_capacity(files.len());
         for file in files {
-            let loaded =
-                candle_core::safetensors::load(file, device).map_err(|e| Error::BadModelFile {
-                    path: file.clone(),
-                    reason: e.to_string(),
-                })?;
-            tensors.extend(loaded);
+            // SAFETY: the mapping is read-only and prism never writes a
+            // model file; as llama.cpp does with the files it maps, it
+            // trusts other programs not to rewrite one while it runs.
+            let map = unsafe { MmapedSafetensors::new(file) }.map_err(|e| match e {
+                // The error line names the file already.
+                candle_core::Error::WithPath { inner, .. } => *inner,
+                e => e,
+            });
+            mapped.push(map.map_err(|e| bad_file(file, e.to_string()))?);
         }
         Ok(WeightFile::Safetensors {
             path: dir.to_path_buf(),
-            tensors,
+            files: mapped,
         })
+    }
+
+    /// The mapped file of a safetensors model that holds tensor `name`.
+    fn mapped_file<'a>(
+        files: &'a [MmapedSafetensors],
+        name: &str,
+    ) -> Option<&'a MmapedSafetensors> {
+        files.iter().find(|file| file.get(name).is_ok())
     }
 
     fn path(&self) -> &Path {
@@ -156,7 +170,7 @@ impl WeightFile {
     pub(crate) fn contains(&self, name: &str) -> bool {
         match self {
             WeightFile::Gguf { content, .. } => content.tensor_infos.contains_key(&gguf_name(name)),
-            WeightFile::Safetensors { tensors, .. } => tensors.contains_key(name),
+            WeightFile::Safetensors { files, .. } => Self::mapped_file(files, name).is_some(),
         }
     }
 
@@ -175,13 +189,13 @@ impl WeightFile {
                     Err(e) => return Err(bad_file(path, format!("tensor `{gguf}`: {e}"))),
                 }
             }
-            WeightFile::Safetensors { tensors, .. } => match tensors.get(name) {
-                Some(tensor) => Stored::Dense(
-                    tensor
-                        .to_dtype(candle_core::DType::F32)
-                        .context(format!("converting {name} to f32"))?,
+            WeightFile::Safetensors { path, files } => match Self::mapped_file(files, name) {
+                Some(file) => Stored::Dense(
+                    file.load(name, device)
+                        .and_then(|tensor| tensor.to_dtype(candle_core::DType::F32))
+                        .map_err(|e| bad_file(path, format!("tensor `{name}`: {e}")))?,
                 ),
-                None => return Err(self.bad(format!("tensor `{name}` is missing"))),
+                None => return Err(bad_file(path, format!("tensor `{name}` is missing"))),
             },
         };
         let found = stored.dims();
