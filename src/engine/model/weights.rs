@@ -309,16 +309,14 @@ impl WeightFile {
         (vocab, hidden): (usize, usize),
         device: &Device,
     ) -> Result<Embedding> {
-        // Re-quantized, a table's lookups would read other values.
+        // Every table our kernel reads is reordered here; re-quantized, a
+        // table's lookups would read other values, so the others stay as stored.
         let names = [name.to_string()];
         if let Some(table) = self.streamed(&names, (&[vocab], hidden), false, device)? {
             return Ok(Embedding::Interleaved(table));
         }
         match self.read(name, &[vocab, hidden], device)? {
             Stored::Quantized(table) if device.is_cpu() && table.dtype().block_size() > 1 => {
-                if let Some(interleaved) = InterleavedMatmul::new(&table) {
-                    return Ok(Embedding::Interleaved(interleaved));
-                }
                 let row_bytes = hidden / table.dtype().block_size() * table.dtype().type_size();
                 Ok(Embedding::Quantized {
                     table,
