@@ -534,3 +534,47 @@ fn hierarchical_summarizes_three_chunks_at_a_time_to_the_same_summary() {
         assert_eq!(stats_3[figure], stats[figure], "{figure}");
     }
 }
+
+#[test]
+fn bench_engine_prints_each_sequence_counts_gain_over_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), TinyArch::Llama, 3);
+    let model = dir.path().to_str().unwrap();
+    let (success, stdout, stderr) = run_prism(&[
+        "bench-engine",
+        "--model",
+        model,
+        "--context",
+        "8",
+        "--decode-steps",
+        "2",
+        "--repeats",
+        "1",
+        "--sequences",
+        "2,3",
+        "--quiet",
+    ]);
+    assert!(success, "{stderr}");
+    assert!(stdout.contains("| gain over 2 |"), "{stdout}");
+    // | context | sequences | decode tok/s, all together | per sequence | gain |
+    let rows: Vec<Vec<&str>> = stdout
+        .lines()
+        .map(|line| {
+            line.trim_matches('|')
+                .split('|')
+                .map(str::trim)
+                .collect::<Vec<_>>()
+        })
+        .filter(|cells| cells.len() == 5 && cells[0] == "8")
+        .collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    let rate = |row: &[&str]| row[2].parse::<f64>().unwrap();
+    let gain = |row: &[&str]| row[4].trim_end_matches('×').parse::<f64>().unwrap();
+    assert_eq!((rows[0][1], gain(&rows[0])), ("2", 1.0));
+    assert_eq!(rows[1][1], "3");
+    let expected = rate(&rows[1]) / rate(&rows[0]);
+    assert!(
+        (gain(&rows[1]) - expected).abs() < 0.01 * expected.max(1.0),
+        "{stdout}"
+    );
+}

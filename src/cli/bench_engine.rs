@@ -65,8 +65,14 @@ pub fn run(args: BenchEngineArgs) -> Result<()> {
     }
     if !args.json {
         outln!()?;
-        outln!("| context | sequences | decode tok/s, all together | per sequence |")?;
-        outln!("|---:|---:|---:|---:|")?;
+        let first = args
+            .sequences
+            .first()
+            .map_or(1, |&count| usize::from(count));
+        outln!(
+            "| context | sequences | decode tok/s, all together | per sequence | gain over {first} |"
+        )?;
+        outln!("|---:|---:|---:|---:|---:|")?;
     }
     let sequences: Vec<usize> = args.sequences.iter().map(|&count| count.into()).collect();
     for &context in &args.context {
@@ -77,16 +83,18 @@ pub fn run(args: BenchEngineArgs) -> Result<()> {
             args.decode_steps,
             args.repeats,
         )?;
+        let baseline = all.first().map(|first| first.decode_tokens_per_second);
         for figures in all {
             if args.json {
                 outln!("{}", serde_json::to_string(&figures)?)?;
             } else {
                 outln!(
-                    "| {} | {} | {:.1} | {:.1} |",
+                    "| {} | {} | {:.1} | {:.1} | {:.2}× |",
                     figures.context_tokens,
                     figures.sequences,
                     figures.decode_tokens_per_second,
                     figures.decode_tokens_per_second / figures.sequences as f64,
+                    baseline.map_or(f64::NAN, |one| figures.decode_tokens_per_second / one),
                 )?;
             }
         }
