@@ -83,7 +83,9 @@ pub fn run(args: BenchEngineArgs) -> Result<()> {
             args.decode_steps,
             args.repeats,
         )?;
-        let baseline = all.first().map(|first| first.decode_tokens_per_second);
+        let Some(first_rate) = all.first().map(|first| first.decode_tokens_per_second) else {
+            continue;
+        };
         for figures in all {
             if args.json {
                 outln!("{}", serde_json::to_string(&figures)?)?;
@@ -94,7 +96,7 @@ pub fn run(args: BenchEngineArgs) -> Result<()> {
                     figures.sequences,
                     figures.decode_tokens_per_second,
                     figures.decode_tokens_per_second / figures.sequences as f64,
-                    baseline.map_or(f64::NAN, |one| figures.decode_tokens_per_second / one),
+                    figures.decode_tokens_per_second / first_rate,
                 )?;
             }
         }
