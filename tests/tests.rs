@@ -9,6 +9,7 @@ mod cok;
 mod common;
 mod constrained;
 mod cos;
+mod drafting;
 mod engine;
 mod layers;
 mod perplexity;

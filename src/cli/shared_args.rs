@@ -9,7 +9,7 @@ use prism::engine::model::PrefillWeights;
 use prism::engine::prompt_cache::PromptCache;
 use prism::engine::prompt_format::PromptFormat;
 use prism::engine::sampling::SamplingConfig;
-use prism::engine::{Engine, LoadOptions};
+use prism::engine::{Engine, LoadOptions, DEFAULT_DRAFT_TOKENS};
 use prism::llm::remote::{RemoteApi, RemoteModel, RemoteOptions};
 use prism::llm::Backend;
 use std::time::Instant;
@@ -83,6 +83,12 @@ pub struct EngineArgs {
     /// Qwen2.5-0.5B, whose keys have outlying channels: keep Qwen models on f16.
     #[arg(long, default_value = "f32", value_parser = parse_kv_dtype)]
     pub kv_dtype: KvDtype,
+    /// Draft up to N next tokens from where the last few tokens occurred earlier in the prompt
+    /// or output, and check them in one pass with the token before: the output is the same,
+    /// and text that repeats its document (summaries, memory updates) decodes faster. Only
+    /// on CPUs where prism's own kernels run every matmul; 0 turns it off.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_DRAFT_TOKENS as u8, value_parser = clap::value_parser!(u8).range(0..=16))]
+    pub draft_tokens: u8,
 }
 
 fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
@@ -143,6 +149,7 @@ impl EngineArgs {
         engine.set_prefix_cache(!self.no_prefix_cache);
         engine.set_cache_slots(usize::from(self.cache_slots));
         engine.set_cache_bytes(self.cache_bytes);
+        engine.set_draft_tokens(usize::from(self.draft_tokens));
         if let Some(dir) = &self.prompt_cache {
             let cache = PromptCache::open(
                 dir,

@@ -88,6 +88,18 @@ impl ModelRunner {
         }
     }
 
+    /// Whether [`ModelRunner::forward_rows`] gives each row the bits a
+    /// decode step of its token would: the model decodes rows alone, and
+    /// is not shared (a shared model's passes go through the worker).
+    pub(crate) fn checks_drafts(&self) -> bool {
+        self.batcher.is_none() && self.model.decodes_rows_alone()
+    }
+
+    /// [`Transformer::forward_rows`], for drafted tokens.
+    pub(crate) fn forward_rows(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
+        self.model.forward_rows(tokens, cache)
+    }
+
     /// Marks this engine's sequence as decoding until the guard is dropped,
     /// so the worker waits for its steps before running a batch without it.
     pub(crate) fn decoding(&self) -> DecodingGuard {

@@ -8,6 +8,7 @@ use super::sampling::{self, Sampler, TokenMarks};
 use super::{Engine, GenerateOptions, Generation, LineCheck, StopReason, Usage};
 use crate::error::{CandleContext, Result};
 use candle_core::Tensor;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -79,6 +80,14 @@ impl Engine {
             history: prompt.to_vec(),
             prompt_len: prompt.len(),
         };
+        let draft_limit = if self.model.checks_drafts() {
+            self.draft_tokens
+        } else {
+            0
+        };
+        // Drafted tokens already in the cache, each with the logits after
+        // it, valid while the sampled tokens follow the draft.
+        let mut drafts: VecDeque<(u32, Tensor)> = VecDeque::new();
         let mut tokens = Vec::new();
         let decoding = self.model.decoding();
         // Set when a stop string, the loop guard or the line check cuts the text.
@@ -108,12 +117,44 @@ impl Engine {
                 break StopReason::MaxTokens;
             }
             let cache = &mut self.slots.active_mut().cache;
-            if cache.len() + 1 >= self.model.config().context_tokens {
+            match drafts.pop_front() {
+                Some((drafted, after)) if drafted == token => {
+                    logits = after;
+                    usage.decode_steps += 1;
+                    usage.accepted_drafts += 1;
+                    continue;
+                }
+                // The sampler went another way: the draft's positions go.
+                Some(_) => {
+                    cache.truncate(cache.len() - 1 - drafts.len());
+                    drafts.clear();
+                }
+                None => {}
+            }
+            let context = self.model.config().context_tokens;
+            if cache.len() + 1 >= context {
                 break StopReason::ContextFull;
             }
-            logits = self.model.forward(&[token], cache, Pass::Decode)?;
+            // Every drafted position must fit the context as a step would.
+            let room = context - cache.len() - 2;
+            let draft = lookup_draft(&chooser.history, draft_limit.min(room));
+            if draft.is_empty() {
+                logits = self.model.forward(&[token], cache, Pass::Decode)?;
+            } else {
+                let run: Vec<u32> = std::iter::once(token)
+                    .chain(draft.iter().copied())
+                    .collect();
+                let rows = self.model.forward_rows(&run, cache)?;
+                logits = rows.get(0).context("drafted tokens")?;
+                for (i, &drafted) in draft.iter().enumerate() {
+                    drafts.push_back((drafted, rows.get(i + 1).context("drafted tokens")?));
+                }
+            }
             usage.decode_steps += 1;
         };
+        // The cache keeps what decoding a token a pass would have fed it.
+        let cache = &mut self.slots.active_mut().cache;
+        cache.truncate(cache.len() - drafts.len());
         drop(decoding);
         usage.decode_seconds = decode_start.elapsed().as_secs_f64();
         self.store_to_disk();
@@ -242,6 +283,26 @@ impl TextWatch<'_> {
     }
 }
 
+/// Tokens a draft is keyed on: the last ones of the history, found earlier in it.
+const DRAFT_KEY: usize = 3;
+
+/// Up to `count` tokens that followed the latest earlier occurrence of the
+/// last [`DRAFT_KEY`] tokens of `history`: a guess that the text goes on as
+/// it did there.
+fn lookup_draft(history: &[u32], count: usize) -> &[u32] {
+    if count == 0 || history.len() <= DRAFT_KEY {
+        return &[];
+    }
+    let key = &history[history.len() - DRAFT_KEY..];
+    history[..history.len() - 1]
+        .windows(DRAFT_KEY)
+        .rposition(|window| window == key)
+        .map_or(&[], |at| {
+            let next = at + DRAFT_KEY;
+            &history[next..history.len().min(next + count)]
+        })
+}
+
 /// Byte offset of the earliest stop string in `text`.
 fn first_stop(text: &str, stops: &[String]) -> Option<usize> {
     stops
@@ -271,7 +332,21 @@ pub(crate) fn first_refused_line(
 
 #[cfg(test)]
 mod tests {
-    use super::{first_refused_line, first_stop};
+    use super::{first_refused_line, first_stop, lookup_draft};
+
+    #[test]
+    fn a_draft_is_what_followed_the_latest_earlier_key() {
+        // The key 1 2 3 occurs at 0 and 5; the later one is followed by 8 9.
+        let history = [1, 2, 3, 4, 5, 1, 2, 3, 8, 9, 7, 1, 2, 3];
+        assert_eq!(lookup_draft(&history, 2), &[8, 9]);
+        assert_eq!(lookup_draft(&history, 4), &[8, 9, 7, 1]);
+        assert_eq!(lookup_draft(&history, 0), &[] as &[u32]);
+        // The key's own place at the end is not an earlier occurrence.
+        assert_eq!(lookup_draft(&[5, 1, 2, 3], 3), &[] as &[u32]);
+        assert_eq!(lookup_draft(&[1, 2, 3], 3), &[] as &[u32]);
+        // A key just before the end drafts what is left.
+        assert_eq!(lookup_draft(&[1, 2, 3, 1, 2, 3], 3), &[1, 2, 3]);
+    }
 
     #[test]
     fn earliest_stop_string_wins() {

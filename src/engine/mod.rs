@@ -59,8 +59,14 @@ pub struct Usage {
     /// Tokens sampled, including an end-of-turn token that stopped generation.
     pub output_tokens: usize,
     pub prefill_seconds: f64,
-    /// Single-token forward passes run while decoding.
+    /// Tokens fed to the model while decoding: each a pass of its own,
+    /// unless it had been drafted and checked in an earlier pass.
     pub decode_steps: usize,
+    /// Decode steps whose token had been drafted and was checked in the
+    /// pass of the token before it ([`Engine::set_draft_tokens`]): the
+    /// passes run were `decode_steps - accepted_drafts`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub accepted_drafts: usize,
     pub decode_seconds: f64,
     /// Time spent computing grammar masks (part of `decode_seconds`).
     pub mask_seconds: f64,
@@ -80,6 +86,7 @@ impl std::ops::AddAssign<&Usage> for Usage {
         self.output_tokens += other.output_tokens;
         self.prefill_seconds += other.prefill_seconds;
         self.decode_steps += other.decode_steps;
+        self.accepted_drafts += other.accepted_drafts;
         self.decode_seconds += other.decode_seconds;
         self.mask_seconds += other.mask_seconds;
     }
@@ -94,6 +101,9 @@ pub struct LoadOptions {
     pub prefill_weights: Option<PrefillWeights>,
     pub kv_dtype: KvDtype,
 }
+
+/// Tokens drafted a pass unless [`Engine::set_draft_tokens`] says otherwise.
+pub const DEFAULT_DRAFT_TOKENS: usize = 4;
 
 /// The largest f32 copy of the matmul weights kept for prefill when the user
 /// does not choose: 4 GiB covers models up to about one billion parameters.
@@ -204,6 +214,9 @@ pub struct Engine {
     format: Arc<PromptFormat>,
     slots: CacheSlots,
     prefix_cache: bool,
+    /// The most tokens drafted from earlier text and checked in one pass
+    /// (see [`Engine::set_draft_tokens`]); 0 decodes a token a pass.
+    draft_tokens: usize,
     /// Prefixes kept on disk across processes (`--prompt-cache`).
     prompt_cache: Option<PromptCache>,
     /// Built on the first constrained generation.
@@ -267,6 +280,7 @@ impl Engine {
             format: Arc::new(format),
             slots,
             prefix_cache: true,
+            draft_tokens: DEFAULT_DRAFT_TOKENS,
             prompt_cache: None,
             grammars: std::cell::OnceCell::new(),
             token_marks: std::cell::OnceCell::new(),
@@ -288,6 +302,7 @@ impl Engine {
             format: Arc::clone(&self.format),
             slots,
             prefix_cache: self.prefix_cache,
+            draft_tokens: self.draft_tokens,
             prompt_cache: self.prompt_cache.clone(),
             grammars: std::cell::OnceCell::new(),
             token_marks: self.token_marks.clone(),
@@ -324,6 +339,21 @@ impl Engine {
     /// With reuse off every call recomputes its whole prompt, for comparison.
     pub fn set_prefix_cache(&mut self, enabled: bool) {
         self.prefix_cache = enabled;
+    }
+
+    /// Draft up to `tokens` next tokens by finding the last few tokens
+    /// earlier in the prompt or output and taking what followed them there,
+    /// and check the draft in the same pass as the token before it. A
+    /// summary or a memory update repeats much of its document, and on a
+    /// CPU a pass of a few tokens costs little more than a pass of one.
+    /// Only drafts that match what the sampler picks are kept, and each
+    /// token's logits are the bits a pass of that token alone would give,
+    /// so the output is the same as with 0, which turns drafting off.
+    /// Drafting runs only where every matmul is prism's own kernel (whose
+    /// rows do not depend on each other) and the model is not shared with
+    /// siblings.
+    pub fn set_draft_tokens(&mut self, tokens: usize) {
+        self.draft_tokens = tokens;
     }
 
     /// Keep up to `slots` token sequences cached (default 1); a prompt

@@ -456,6 +456,7 @@ impl PrismUsage {
             output_tokens: self.figures.output_tokens,
             prefill_seconds: self.prefill_seconds,
             decode_steps: self.decode_steps,
+            accepted_drafts: self.figures.accepted_drafts,
             decode_seconds: self.decode_seconds,
             mask_seconds: self.mask_seconds,
         }

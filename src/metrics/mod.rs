@@ -24,6 +24,10 @@ pub struct Figures {
     pub prefill_tokens_per_second: f64,
     /// Generated tokens per second of decoding.
     pub decode_tokens_per_second: f64,
+    /// Generated tokens that had been drafted from earlier text and were
+    /// checked in the pass of the token before them (`--draft-tokens`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub accepted_drafts: usize,
     /// Share of decoding time spent computing grammar masks, in 0..=1.
     pub mask_share: f64,
 }
@@ -47,6 +51,7 @@ impl Figures {
             cost_index: (net_tokens as f64 + 3.0 * usage.output_tokens as f64) / 1e6,
             prefill_tokens_per_second: ratio(net_tokens as f64, usage.prefill_seconds),
             decode_tokens_per_second: ratio(usage.decode_steps as f64, usage.decode_seconds),
+            accepted_drafts: usage.accepted_drafts,
             mask_share: ratio(usage.mask_seconds, usage.decode_seconds),
         }
     }
@@ -139,6 +144,7 @@ mod tests {
             output_tokens: 200,
             prefill_seconds: 2.0,
             decode_steps: 199,
+            accepted_drafts: 0,
             decode_seconds: 10.0,
             mask_seconds: 0.5,
         };

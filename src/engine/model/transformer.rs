@@ -233,6 +233,41 @@ impl Transformer {
             .context("output head")
     }
 
+    /// Run `tokens` through the decode path after the positions in `cache`
+    /// (appending them) and return the next-token logits after each of
+    /// them, `(tokens, vocab_size)` in f32: what checking drafted tokens
+    /// needs. When [`Transformer::decodes_rows_alone`], row `i` holds the
+    /// bits a decode step of `tokens[i]` alone would give.
+    pub fn forward_rows(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
+        if tokens.is_empty() {
+            return Err(crate::Error::invalid("forward", "no tokens to run"));
+        }
+        cache.reserve(tokens.len())?;
+        let hidden = self
+            .blocks_together(&[tokens], &mut [&mut *cache], Pass::Decode)
+            .context("forward pass")?;
+        cache.commit(tokens);
+        let eps = self.config.rms_norm_eps as f32;
+        candle_nn::ops::rms_norm(&hidden, &self.norm, eps)
+            .and_then(|normed| self.lm_head.forward(&normed, Pass::Decode))
+            .and_then(|logits| logits.squeeze(0)?.to_dtype(DType::F32))
+            .context("output head")
+    }
+
+    /// Whether a decode pass of several tokens of one sequence computes
+    /// each row as a decode step of that token alone would, to the bit:
+    /// every matmul takes prism's kernel (the norms, rotation and attention
+    /// of the decode path already treat rows one by one).
+    pub fn decodes_rows_alone(&self) -> bool {
+        self.lm_head.decodes_rows_alone()
+            && self.blocks.iter().all(|block| {
+                block.self_attn.qkv.decodes_rows_alone()
+                    && block.self_attn.o_proj.decodes_rows_alone()
+                    && block.mlp.gate_up.decodes_rows_alone()
+                    && block.mlp.down_proj.decodes_rows_alone()
+            })
+    }
+
     /// One forward pass for several sequences at once: `runs[i]` follows the
     /// positions in `caches[i]` and is appended there. Returns each
     /// sequence's next-token logits after the last token of its run,

@@ -74,6 +74,13 @@ pub(crate) struct Linear {
 }
 
 impl Linear {
+    /// Whether each row of a decode pass is multiplied as it would be alone:
+    /// prism's kernel quantizes and multiplies every input row by itself,
+    /// where candle's matmuls may sum a row differently beside others.
+    pub(crate) fn decodes_rows_alone(&self) -> bool {
+        matches!(self.weight, DecodeWeight::Interleaved(_))
+    }
+
     /// `x` is `(1, seq, in)`; the result is `(1, seq, out)`.
     pub(crate) fn forward(&self, x: &Tensor, pass: Pass) -> candle_core::Result<Tensor> {
         let y = match (&self.dense, pass) {
@@ -428,6 +435,14 @@ pub(crate) enum Projections {
 }
 
 impl Projections {
+    /// [`Linear::decodes_rows_alone`] for every projection.
+    pub(crate) fn decodes_rows_alone(&self) -> bool {
+        match self {
+            Projections::Stacked { weight, .. } => weight.decodes_rows_alone(),
+            Projections::Separate(weights) => weights.iter().all(Linear::decodes_rows_alone),
+        }
+    }
+
     /// Each projection of `x` `(1, seq, in)`, in the order they were read.
     pub(crate) fn forward(&self, x: &Tensor, pass: Pass) -> candle_core::Result<Vec<Tensor>> {
         match self {
