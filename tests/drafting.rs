@@ -6,6 +6,7 @@
 use crate::common::fetched_model;
 use prism::engine::chat::ChatMessage;
 use prism::engine::constraint::Grammar;
+use prism::engine::kv_cache::KvDtype;
 use prism::engine::source::ModelSource;
 use prism::engine::{Engine, GenerateOptions, LoadOptions};
 
@@ -15,12 +16,20 @@ const QWEN: (&str, &str) = (
     "qwen2.5-coder-0.5b-instruct",
 );
 
-fn load((file, name): (&str, &str), draft_tokens: usize) -> Engine {
+fn load(model: (&str, &str), draft_tokens: usize) -> Engine {
+    load_with_cache(model, draft_tokens, KvDtype::default())
+}
+
+fn load_with_cache((file, name): (&str, &str), draft_tokens: usize, kv_dtype: KvDtype) -> Engine {
     let source = ModelSource::Gguf {
         path: fetched_model(file),
         name: name.into(),
     };
-    let mut engine = Engine::load(&source, &LoadOptions::default()).expect("the model loads");
+    let options = LoadOptions {
+        kv_dtype,
+        ..LoadOptions::default()
+    };
+    let mut engine = Engine::load(&source, &options).expect("the model loads");
     engine.set_draft_tokens(draft_tokens);
     engine
 }
@@ -110,4 +119,43 @@ fn smollm2_constrained_output_is_the_same_with_drafts() {
 fn qwen2_greedy_and_sampled_output_is_the_same_with_drafts() {
     drafting_changes_nothing_but_passes(QWEN, greedy(60));
     drafting_changes_nothing_but_passes(QWEN, sampled(60));
+}
+
+/// The pass that checks drafts gives each row the bits of a decode step of
+/// that token alone, on both kinds of model the tests fetch and with every
+/// way the cache stores keys and values.
+#[test]
+fn a_pass_of_several_tokens_gives_each_the_bits_of_its_own_step() {
+    let cases = [
+        (SMOLLM2, KvDtype::F32),
+        (SMOLLM2, KvDtype::F16),
+        (SMOLLM2, KvDtype::Bf16),
+        (SMOLLM2, KvDtype::Q8),
+        (QWEN, KvDtype::F32),
+    ];
+    for (model, kv_dtype) in cases {
+        let mut stepped = load_with_cache(model, 0, kv_dtype);
+        let mut together = load_with_cache(model, 4, kv_dtype);
+        let prompt = copying_prompt(&stepped);
+        stepped.prefill(&prompt).unwrap();
+        together.prefill(&prompt).unwrap();
+        let tokens = &prompt[prompt.len() - 40..prompt.len() - 35];
+        let rows = together
+            .extend_in_one_pass(tokens)
+            .unwrap()
+            .expect("prism's kernels run every matmul of these models");
+        for (i, &token) in tokens.iter().enumerate() {
+            let step = stepped.extend(&[token]).unwrap().to_vec1::<f32>().unwrap();
+            let row = rows.get(i).unwrap().to_vec1::<f32>().unwrap();
+            let same_bits = step
+                .iter()
+                .zip(&row)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same_bits,
+                "{} {kv_dtype:?}: row {i} differs from its step",
+                model.1
+            );
+        }
+    }
 }

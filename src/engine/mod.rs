@@ -554,6 +554,24 @@ impl Engine {
         self.model.forward(&[last], cache, Pass::Decode)
     }
 
+    /// Append `tokens` to the cached sequence in one decode pass and return
+    /// the logits after each of them, `(tokens, vocab)`: the pass that
+    /// checks drafted tokens. `None` where its rows would not be the bits of
+    /// [`Engine::extend`]'s one-token steps, so no draft is checked there.
+    pub fn extend_in_one_pass(&mut self, tokens: &[u32]) -> Result<Option<Tensor>> {
+        if !self.model.checks_drafts() {
+            return Ok(None);
+        }
+        let cache = &mut self.slots.active_mut().cache;
+        if cache.len() + tokens.len() >= self.model.config().context_tokens {
+            return Err(Error::PromptTooLong {
+                prompt_tokens: cache.len() + tokens.len(),
+                context_tokens: self.model.config().context_tokens,
+            });
+        }
+        self.model.forward_rows(tokens, cache).map(Some)
+    }
+
     fn grammars(&self) -> Result<&Grammars> {
         if let Some(grammars) = self.grammars.get() {
             return Ok(grammars);
