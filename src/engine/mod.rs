@@ -537,13 +537,8 @@ impl Engine {
     /// return the logits after the last of them. Benchmarks use it to time
     /// decode steps without sampling.
     pub fn extend(&mut self, tokens: &[u32]) -> Result<Tensor> {
+        self.check_room_for(tokens)?;
         let cache = &mut self.slots.active_mut().cache;
-        if cache.len() + tokens.len() >= self.model.config().context_tokens {
-            return Err(Error::PromptTooLong {
-                prompt_tokens: cache.len() + tokens.len(),
-                context_tokens: self.model.config().context_tokens,
-            });
-        }
         let Some((&last, steps)) = tokens.split_last() else {
             return Err(Error::invalid("extend", "no tokens to append"));
         };
@@ -562,14 +557,22 @@ impl Engine {
         if !self.model.checks_drafts() {
             return Ok(None);
         }
+        self.check_room_for(tokens)?;
         let cache = &mut self.slots.active_mut().cache;
-        if cache.len() + tokens.len() >= self.model.config().context_tokens {
+        self.model.forward_rows(tokens, cache).map(Some)
+    }
+
+    /// An error unless `tokens` fit after the cached sequence.
+    fn check_room_for(&self, tokens: &[u32]) -> Result<()> {
+        let total = self.slots.active().cache.len() + tokens.len();
+        let context = self.model.config().context_tokens;
+        if total >= context {
             return Err(Error::PromptTooLong {
-                prompt_tokens: cache.len() + tokens.len(),
-                context_tokens: self.model.config().context_tokens,
+                prompt_tokens: total,
+                context_tokens: context,
             });
         }
-        self.model.forward_rows(tokens, cache).map(Some)
+        Ok(())
     }
 
     fn grammars(&self) -> Result<&Grammars> {

@@ -223,13 +223,9 @@ impl Transformer {
         }
         let hidden = last_hidden.expect("tokens is not empty");
         let seq = hidden.dim(1).context("forward pass")?;
-        let last = hidden.narrow(1, seq - 1, 1).context("output head")?;
-        let normed = candle_nn::ops::rms_norm(&last, &self.norm, self.config.rms_norm_eps as f32)
-            .context("output head")?;
-        let logits = self.lm_head.forward(&normed, pass).context("output head")?;
-        logits
-            .flatten_all()
-            .and_then(|l| l.to_dtype(DType::F32))
+        hidden
+            .narrow(1, seq - 1, 1)
+            .and_then(|last| self.output_head(&last, pass)?.flatten_all())
             .context("output head")
     }
 
@@ -247,10 +243,7 @@ impl Transformer {
             .blocks_together(&[tokens], &mut [&mut *cache], Pass::Decode)
             .context("forward pass")?;
         cache.commit(tokens);
-        let eps = self.config.rms_norm_eps as f32;
-        candle_nn::ops::rms_norm(&hidden, &self.norm, eps)
-            .and_then(|normed| self.lm_head.forward(&normed, Pass::Decode))
-            .and_then(|logits| logits.squeeze(0)?.to_dtype(DType::F32))
+        self.output_head(&hidden, Pass::Decode)
             .context("output head")
     }
 
@@ -309,14 +302,21 @@ impl Transformer {
                 Some(*end as u32 - 1)
             })
             .collect();
-        let eps = self.config.rms_norm_eps as f32;
-        let logits = Tensor::new(last_rows.as_slice(), &self.device)
+        Tensor::new(last_rows.as_slice(), &self.device)
             .and_then(|last_rows| hidden.index_select(&last_rows, 1))
-            .and_then(|last| candle_nn::ops::rms_norm(&last, &self.norm, eps))
-            .and_then(|normed| self.lm_head.forward(&normed, pass))
-            .and_then(|logits| logits.squeeze(0)?.to_dtype(DType::F32))
-            .context("output head")?;
-        Ok(logits)
+            .and_then(|last| self.output_head(&last, pass))
+            .context("output head")
+    }
+
+    /// The final norm and the output head over `hidden` `(1, rows, hidden)`:
+    /// each row's next-token logits, `(rows, vocab_size)` in f32.
+    fn output_head(&self, hidden: &Tensor, pass: Pass) -> candle_core::Result<Tensor> {
+        let eps = self.config.rms_norm_eps as f32;
+        let normed = candle_nn::ops::rms_norm(hidden, &self.norm, eps)?;
+        self.lm_head
+            .forward(&normed, pass)?
+            .squeeze(0)?
+            .to_dtype(DType::F32)
     }
 
     /// The blocks of [`Transformer::forward_together`]; returns the hidden
@@ -412,13 +412,7 @@ impl Transformer {
     /// The log-probabilities of `targets` under the output head applied to
     /// `hidden` `(1, n, hidden)`, one per row.
     fn scored_log_probs(&self, hidden: &Tensor, targets: &[u32]) -> candle_core::Result<Vec<f32>> {
-        let eps = self.config.rms_norm_eps as f32;
-        let normed = candle_nn::ops::rms_norm(hidden, &self.norm, eps)?;
-        let logits = self
-            .lm_head
-            .forward(&normed, Pass::Prompt)?
-            .squeeze(0)?
-            .to_dtype(DType::F32)?;
+        let logits = self.output_head(hidden, Pass::Prompt)?;
         let log_probs = candle_nn::ops::log_softmax(&logits, 1)?;
         let index = Tensor::new(targets, &self.device)?.unsqueeze(1)?;
         log_probs.gather(&index, 1)?.squeeze(1)?.to_vec1::<f32>()
