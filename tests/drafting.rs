@@ -159,3 +159,52 @@ fn a_pass_of_several_tokens_gives_each_the_bits_of_its_own_step() {
         }
     }
 }
+
+/// Engines sharing a model check their drafts in the worker's passes,
+/// beside the other sequences' steps and prompts: each sequence writes
+/// what it writes alone, a token a pass.
+#[test]
+fn sequences_sharing_a_model_draft_and_write_what_each_writes_alone() {
+    let mut plain = load(SMOLLM2, 0);
+    let log = include_str!("fixtures/keeper-log.txt");
+    let prompts: Vec<Vec<u32>> = [0, 700, 1400]
+        .iter()
+        .map(|&from| {
+            let excerpt: String = log.chars().skip(from).take(600).collect();
+            plain
+                .chat_prompt(&[ChatMessage::user(format!(
+                    "Copy this text word for word:\n\n{excerpt}"
+                ))])
+                .unwrap()
+        })
+        .collect();
+    let options = greedy(60);
+    let alone: Vec<_> = prompts
+        .iter()
+        .map(|prompt| plain.generate(prompt, &options).unwrap())
+        .collect();
+
+    let mut drafted = load(SMOLLM2, 4);
+    let siblings: Vec<Engine> = prompts.iter().map(|_| drafted.sibling().unwrap()).collect();
+    let together: Vec<_> = std::thread::scope(|scope| {
+        let threads: Vec<_> = siblings
+            .into_iter()
+            .zip(&prompts)
+            .map(|(mut sibling, prompt)| {
+                let options = &options;
+                scope.spawn(move || sibling.generate(prompt, options).unwrap())
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for (number, (alone, shared)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(alone.tokens, shared.tokens, "sequence {number}: tokens");
+        assert_eq!(alone.stop_reason, shared.stop_reason, "sequence {number}");
+        assert_eq!(alone.usage.decode_steps, shared.usage.decode_steps);
+        assert!(
+            shared.usage.accepted_drafts > 0,
+            "sequence {number}: no drafted token was accepted: {:?}",
+            shared.text
+        );
+    }
+}

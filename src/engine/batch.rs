@@ -8,14 +8,15 @@
 //! ([`Transformer::forward_together`]). A prompt is encoded a batch of
 //! tokens at a time, and the decode steps waiting at each batch share its
 //! pass, so that the other sequences keep generating while a long prompt is
-//! encoded instead of stalling until it ends. Each engine keeps its own
-//! caches, sampling, constraints and accounting; only the weights' read is
-//! shared.
+//! encoded instead of stalling until it ends. A decode step may carry
+//! drafted tokens ([`super::Engine::set_draft_tokens`]), whose rows come
+//! back with its own. Each engine keeps its own caches, sampling,
+//! constraints and accounting; only the weights' read is shared.
 //!
 //! [`Engine::sibling`]: super::Engine::sibling
 
 use super::kv_cache::KvCache;
-use super::model::{Config, Pass, Transformer, PREFILL_BATCH};
+use super::model::{Config, Pass, Rows, Transformer, PREFILL_BATCH};
 use crate::error::{CandleContext, Error, Result};
 use candle_core::Tensor;
 use std::collections::VecDeque;
@@ -78,26 +79,32 @@ impl ModelRunner {
     ) -> Result<Tensor> {
         match &self.batcher {
             None => self.model.forward(tokens, cache, pass),
-            Some(batcher) => {
-                let work = match pass {
-                    Pass::Decode if tokens.len() == 1 => Work::Decode(tokens[0]),
-                    _ => Work::Tokens(tokens.to_vec(), pass),
-                };
-                batcher.run(work, cache, &self.model)
-            }
+            Some(batcher) => match pass {
+                Pass::Decode if tokens.len() == 1 => batcher
+                    .run(Work::Decode(tokens.to_vec()), cache, &self.model)?
+                    .squeeze(0)
+                    .context("batched forward pass"),
+                _ => batcher.run(Work::Tokens(tokens.to_vec(), pass), cache, &self.model),
+            },
         }
     }
 
     /// Whether [`ModelRunner::forward_rows`] gives each row the bits a
-    /// decode step of its token would: the model decodes rows alone, and
-    /// is not shared (a shared model's passes go through the worker).
+    /// decode step of its token would, alone or beside other sequences.
     pub(crate) fn checks_drafts(&self) -> bool {
-        self.batcher.is_none() && self.model.decodes_rows_alone()
+        self.model.decodes_rows_alone()
     }
 
-    /// [`Transformer::forward_rows`], for drafted tokens.
+    /// [`Transformer::forward_rows`], for drafted tokens; on the worker
+    /// thread, among the other sequences' steps, when the model is shared.
     pub(crate) fn forward_rows(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
-        self.model.forward_rows(tokens, cache)
+        match &self.batcher {
+            // No tokens is an error of this call alone, not of the shared pass.
+            Some(batcher) if !tokens.is_empty() => {
+                batcher.run(Work::Decode(tokens.to_vec()), cache, &self.model)
+            }
+            _ => self.model.forward_rows(tokens, cache),
+        }
     }
 
     /// Marks this engine's sequence as decoding until the guard is dropped,
@@ -134,8 +141,10 @@ impl Drop for DecodingGuard {
 
 /// What one engine asks of the worker.
 enum Work {
-    /// One generated token (batched with the other sequences' steps).
-    Decode(u32),
+    /// A generated token, and any drafts checked after it: a decode step,
+    /// batched with the other sequences' steps. Its answer is the logits
+    /// after each token.
+    Decode(Vec<u32>),
     /// Several tokens, or a prompt's: encoded a batch at a time, each batch
     /// with the decode steps waiting then.
     Tokens(Vec<u32>, Pass),
@@ -218,7 +227,7 @@ fn serve(model: &Transformer, requests: &mpsc::Receiver<Request>, decoding: &Ato
         let mut steps = Vec::new();
         for request in waiting {
             match request.work {
-                Work::Decode(token) => steps.push((token, request.cache, request.reply)),
+                Work::Decode(tokens) => steps.push((tokens, request.cache, request.reply)),
                 Work::Tokens(tokens, pass) if tokens.is_empty() => {
                     let mut cache = request.cache;
                     let logits = model.forward(&tokens, &mut cache, pass);
@@ -265,56 +274,62 @@ fn gather(waiting: &mut Vec<Request>, requests: &mpsc::Receiver<Request>, decodi
 type Reply = mpsc::Sender<(KvCache, Result<Tensor>)>;
 
 /// One pass for the next batch of `prompt` and every waiting decode step;
-/// each step's engine gets its own row of the logits, or the error. Returns
-/// the prompt's answer once its last batch has run or it failed.
+/// each step's engine gets its own rows of the logits, or the error.
+/// Returns the prompt's answer once its last batch has run or it failed.
 fn run_pass(
     model: &Transformer,
     mut prompt: Option<&mut Encoding>,
-    steps: Vec<(u32, KvCache, Reply)>,
+    steps: Vec<(Vec<u32>, KvCache, Reply)>,
 ) -> Option<Result<Tensor>> {
-    let mut runs: Vec<&[u32]> = Vec::with_capacity(steps.len() + 1);
+    let mut runs: Vec<(&[u32], Rows)> = Vec::with_capacity(steps.len() + 1);
     let mut caches: Vec<&mut KvCache> = Vec::with_capacity(steps.len() + 1);
     let mut step_caches = Vec::with_capacity(steps.len());
     let mut replies = Vec::with_capacity(steps.len());
-    for (token, cache, reply) in steps {
-        step_caches.push((token, cache));
+    for (tokens, cache, reply) in steps {
+        step_caches.push((tokens, cache));
         replies.push(reply);
     }
     let pass = match prompt.as_deref_mut() {
         Some(prompt) => {
             let end = prompt.tokens.len().min(prompt.done + PREFILL_BATCH);
-            runs.push(&prompt.tokens[prompt.done..end]);
+            runs.push((&prompt.tokens[prompt.done..end], Rows::Last));
             caches.push(&mut prompt.cache);
             prompt.pass
         }
         None => Pass::Decode,
     };
     let first_step = runs.len();
-    for (token, cache) in step_caches.iter_mut() {
-        runs.push(std::slice::from_ref(token));
+    for (tokens, cache) in step_caches.iter_mut() {
+        runs.push((tokens, Rows::Every));
         caches.push(cache);
     }
     if runs.is_empty() {
         return None;
     }
-    let encoded = runs[0].len();
+    let encoded = runs[0].0.len();
     let logits = model.forward_together(&runs, &mut caches, pass);
     drop(caches);
-    let row = |row: usize| match &logits {
-        Ok(logits) => logits.get(row).context("batched forward pass"),
+    let rows = |start: usize, count: usize| match &logits {
+        Ok(logits) => logits
+            .narrow(0, start, count)
+            .context("batched forward pass"),
         // The error is the whole pass's; each engine gets its message.
         Err(err) => Err(Error::Batch {
             reason: err.to_string(),
         }),
     };
-    for (number, ((_, cache), reply)) in step_caches.into_iter().zip(replies).enumerate() {
-        let _ = reply.send((cache, row(first_step + number)));
+    let mut start = first_step;
+    for ((tokens, cache), reply) in step_caches.into_iter().zip(replies) {
+        let _ = reply.send((cache, rows(start, tokens.len())));
+        start += tokens.len();
     }
     let prompt = prompt?;
     prompt.done += encoded;
     match logits {
         Err(err) => Some(Err(err)),
-        Ok(_) if prompt.done == prompt.tokens.len() => Some(row(0)),
+        Ok(_) if prompt.done == prompt.tokens.len() => {
+            Some(rows(0, 1).and_then(|row| row.squeeze(0).context("batched forward pass")))
+        }
         Ok(_) => None,
     }
 }

@@ -350,8 +350,8 @@ impl Engine {
     /// token's logits are the bits a pass of that token alone would give,
     /// so the output is the same as with 0, which turns drafting off.
     /// Drafting runs only where every matmul is prism's own kernel (whose
-    /// rows do not depend on each other) and the model is not shared with
-    /// siblings.
+    /// rows do not depend on each other); a sibling's drafts are checked in
+    /// the shared passes, beside the other sequences' rows.
     pub fn set_draft_tokens(&mut self, tokens: usize) {
         self.draft_tokens = tokens;
     }

@@ -41,7 +41,7 @@ fn each_on_pool<T: Send>(items: &mut [T], f: impl Fn(usize, &mut T) + Sync) {
     });
 }
 
-pub use transformer::{Transformer, PREFILL_BATCH};
+pub use transformer::{Rows, Transformer, PREFILL_BATCH};
 pub(crate) use weights::WeightFile;
 pub use weights::{Pass, PrefillWeights};
 

@@ -67,6 +67,17 @@ struct Rope {
     interleaved: bool,
 }
 
+/// The rows of a run whose next-token logits [`Transformer::forward_together`]
+/// returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rows {
+    /// The last: a decode step's, or a prompt's once encoded.
+    Last,
+    /// Every row: a token and the drafts checked in its pass, each row
+    /// the logits a decode step of its token would give.
+    Every,
+}
+
 /// A loaded Llama or Qwen2 model.
 pub struct Transformer {
     config: Config,
@@ -209,7 +220,7 @@ impl Transformer {
         // A generated token takes the decode step's path, so that a sequence
         // decoding alone gets the logits it gets batched with others.
         if let ([token], Pass::Decode) = (tokens, pass) {
-            let logits = self.forward_together(&[&[*token]], &mut [cache], pass)?;
+            let logits = self.forward_together(&[(&[*token], Rows::Last)], &mut [cache], pass)?;
             return logits.squeeze(0).context("output head");
         }
         cache.reserve(tokens.len())?;
@@ -235,16 +246,7 @@ impl Transformer {
     /// needs. When [`Transformer::decodes_rows_alone`], row `i` holds the
     /// bits a decode step of `tokens[i]` alone would give.
     pub fn forward_rows(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
-        if tokens.is_empty() {
-            return Err(crate::Error::invalid("forward", "no tokens to run"));
-        }
-        cache.reserve(tokens.len())?;
-        let hidden = self
-            .blocks_together(&[tokens], &mut [&mut *cache], Pass::Decode)
-            .context("forward pass")?;
-        cache.commit(tokens);
-        self.output_head(&hidden, Pass::Decode)
-            .context("output head")
+        self.forward_together(&[(tokens, Rows::Every)], &mut [cache], Pass::Decode)
     }
 
     /// Whether a decode pass of several tokens of one sequence computes
@@ -261,10 +263,10 @@ impl Transformer {
             })
     }
 
-    /// One forward pass for several sequences at once: `runs[i]` follows the
-    /// positions in `caches[i]` and is appended there. Returns each
-    /// sequence's next-token logits after the last token of its run,
-    /// `(sequences, vocab_size)` in f32.
+    /// One forward pass for several sequences at once: the tokens of
+    /// `runs[i]` follow the positions in `caches[i]` and are appended there.
+    /// Returns the next-token logits of the rows each run asks for, run
+    /// after run, `(rows, vocab_size)` in f32.
     ///
     /// Every matmul weight is read once for all the rows, which is what a
     /// decode step costs on a CPU; only attention runs per sequence, over its
@@ -275,37 +277,46 @@ impl Transformer {
     /// prompts, the rows of a pass all take the copy its `pass` selects.
     pub fn forward_together(
         &self,
-        runs: &[&[u32]],
+        runs: &[(&[u32], Rows)],
         caches: &mut [&mut KvCache],
         pass: Pass,
     ) -> Result<Tensor> {
-        if runs.is_empty() || runs.len() != caches.len() || runs.iter().any(|run| run.is_empty()) {
-            let lengths: Vec<usize> = runs.iter().map(|run| run.len()).collect();
+        let tokens: Vec<&[u32]> = runs.iter().map(|&(tokens, _)| tokens).collect();
+        if runs.is_empty() || runs.len() != caches.len() || tokens.iter().any(|run| run.is_empty())
+        {
+            let lengths: Vec<usize> = tokens.iter().map(|run| run.len()).collect();
             return Err(crate::Error::invalid(
                 "forward",
                 format!("runs of {lengths:?} tokens for {} sequences", caches.len()),
             ));
         }
-        for (cache, run) in caches.iter_mut().zip(runs) {
+        for (cache, run) in caches.iter_mut().zip(&tokens) {
             cache.reserve(run.len())?;
         }
         let hidden = self
-            .blocks_together(runs, caches, pass)
+            .blocks_together(&tokens, caches, pass)
             .context("forward pass")?;
-        for (cache, run) in caches.iter_mut().zip(runs) {
+        for (cache, run) in caches.iter_mut().zip(&tokens) {
             cache.commit(run);
         }
-        let last_rows: Vec<u32> = runs
-            .iter()
-            .scan(0, |end, run| {
-                *end += run.len();
-                Some(*end as u32 - 1)
-            })
-            .collect();
-        Tensor::new(last_rows.as_slice(), &self.device)
-            .and_then(|last_rows| hidden.index_select(&last_rows, 1))
-            .and_then(|last| self.output_head(&last, pass))
-            .context("output head")
+        let mut start = 0;
+        let mut wanted = Vec::new();
+        for &(run, rows) in runs {
+            let end = start + run.len();
+            match rows {
+                Rows::Last => wanted.push(end as u32 - 1),
+                Rows::Every => wanted.extend(start as u32..end as u32),
+            }
+            start = end;
+        }
+        let hidden = if wanted.len() == start {
+            hidden
+        } else {
+            Tensor::new(wanted.as_slice(), &self.device)
+                .and_then(|wanted| hidden.index_select(&wanted, 1))
+                .context("output head")?
+        };
+        self.output_head(&hidden, pass).context("output head")
     }
 
     /// The final norm and the output head over `hidden` `(1, rows, hidden)`:
