@@ -328,6 +328,11 @@ impl KvCache {
         self.layers.len()
     }
 
+    /// Where the keys and values live.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     /// Each layer's keys and values for the first `len` positions, shaped
     /// `(1, kv_heads, len, head_dim)` and contiguous.
     pub(crate) fn prefix_tensors(&self, len: usize) -> Result<Vec<(Tensor, Tensor)>> {

@@ -127,7 +127,7 @@ impl PromptCache {
         };
         let entry = &index.entries[position];
         let path = self.path_of(&entry.key);
-        match self.read_entry(&path, entry, hit.matched, cache.layer_count()) {
+        match self.read_entry(&path, entry, hit.matched, cache) {
             Ok(layers) => {
                 if let Err(err) = cache.load_prefix(&entry.tokens[..hit.matched], &layers) {
                     tracing::warn!(
@@ -228,7 +228,7 @@ impl PromptCache {
         path: &Path,
         entry: &Entry,
         len: usize,
-        layers: usize,
+        cache: &KvCache,
     ) -> std::result::Result<Vec<(candle_core::Tensor, candle_core::Tensor)>, String> {
         let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
         if format!("{:x}", Sha256::digest(&bytes)) != entry.sha256 {
@@ -248,10 +248,13 @@ impl PromptCache {
         if field("tokens_sha256") != Some(token_key(&entry.tokens).as_str()) {
             return Err("it holds another token sequence than the index says".into());
         }
-        let device = candle_core::Device::Cpu;
+        let layers = cache.layer_count();
+        // Loaded where the cache lives: a GPU cache refused CPU tensors.
         let tensor = |name: String| -> std::result::Result<candle_core::Tensor, String> {
             let view = file.tensor(&name).map_err(|e| format!("{name}: {e}"))?;
-            let tensor = view.load(&device).map_err(|e| format!("{name}: {e}"))?;
+            let tensor = view
+                .load(cache.device())
+                .map_err(|e| format!("{name}: {e}"))?;
             let prefix = tensor.narrow(2, 0, len).and_then(|t| t.contiguous());
             prefix.map_err(|e| format!("{name}: {e}"))
         };
