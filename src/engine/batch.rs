@@ -15,6 +15,7 @@
 //!
 //! [`Engine::sibling`]: super::Engine::sibling
 
+use super::device;
 use super::kv_cache::KvCache;
 use super::model::{Config, Pass, Rows, Transformer, PREFILL_BATCH};
 use crate::error::{CandleContext, Error, Result};
@@ -77,6 +78,7 @@ impl ModelRunner {
         cache: &mut KvCache,
         pass: Pass,
     ) -> Result<Tensor> {
+        self.bind_to_this_thread()?;
         match &self.batcher {
             None => self.model.forward(tokens, cache, pass),
             Some(batcher) => match pass {
@@ -89,6 +91,13 @@ impl ModelRunner {
         }
     }
 
+    /// Make the model's device current on the calling thread, which will
+    /// drop the tensors it is given, wherever they were computed (see
+    /// [`device::bind_to_this_thread`]).
+    pub(crate) fn bind_to_this_thread(&self) -> Result<()> {
+        device::bind_to_this_thread(self.model.device())
+    }
+
     /// Whether [`ModelRunner::forward_rows`] gives each row the bits a
     /// decode step of its token would, alone or beside other sequences.
     pub(crate) fn checks_drafts(&self) -> bool {
@@ -98,6 +107,7 @@ impl ModelRunner {
     /// [`Transformer::forward_rows`], for drafted tokens; on the worker
     /// thread, among the other sequences' steps, when the model is shared.
     pub(crate) fn forward_rows(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
+        self.bind_to_this_thread()?;
         match &self.batcher {
             // No tokens is an error of this call alone, not of the shared pass.
             Some(batcher) if !tokens.is_empty() => {
@@ -173,7 +183,13 @@ impl Batcher {
         let counted = Arc::clone(&decoding);
         std::thread::Builder::new()
             .name("prism-batch".into())
-            .spawn(move || serve(&model, &requests, &counted))
+            .spawn(move || {
+                // A failure here resurfaces, with its reason, as the first pass's error.
+                if let Err(err) = device::bind_to_this_thread(model.device()) {
+                    tracing::warn!("batched decoding: {err}");
+                }
+                serve(&model, &requests, &counted)
+            })
             .map_err(|e| Error::Batch {
                 reason: format!("cannot start its thread: {e}"),
             })?;

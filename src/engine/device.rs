@@ -66,6 +66,27 @@ pub fn open(choice: DeviceChoice) -> Result<Device> {
     }
 }
 
+/// Make `device`'s context current on the calling thread; elsewhere a no-op.
+/// A CUDA context is current per thread, and cudarc frees a tensor's memory
+/// without making it current: a tensor dropped on a thread that never
+/// made it current fails to free, and cudarc hands that failure ("invalid
+/// device context") to the next operation on any thread. On an H200, every
+/// test of engines sharing a model failed so, their threads dropping the
+/// logits the batch worker sent them.
+pub fn bind_to_this_thread(device: &Device) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(cuda) = device {
+        cuda.cuda_stream()
+            .context()
+            .bind_to_thread()
+            .map_err(candle_core::Error::wrap)
+            .context("making the CUDA context current on this thread")?;
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = device;
+    Ok(())
+}
+
 /// Activations and KV cache stay in f32 on the CPU (its kernels are f32-first);
 /// GPUs get bf16, which halves memory traffic at no cost to these models.
 pub fn activation_dtype(device: &Device) -> DType {

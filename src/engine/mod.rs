@@ -421,6 +421,8 @@ impl Engine {
     /// Encode `prompt`, reusing the cached prefix it shares with the previous
     /// call, and return the logits for the token after it.
     pub fn prefill(&mut self, prompt: &[u32]) -> Result<(Tensor, Usage)> {
+        // Choosing a cache slot may free one's storage before any pass runs.
+        self.model.bind_to_this_thread()?;
         let context = self.context_tokens();
         if prompt.is_empty() {
             return Err(Error::invalid("prompt", "is empty"));
