@@ -117,8 +117,14 @@ fn without_backtrace(error: candle_core::Error) -> candle_core::Error {
 ///
 /// The panic hook is process-wide, so a panic on another thread in the same
 /// moment goes unprinted too; parsers run while a model loads, when nothing
-/// else is at work.
+/// else is at work. Two threads swapping the hook at once could restore the
+/// silent one for good (every later panic of the test suite went unprinted
+/// so), hence the lock.
 pub(crate) fn without_panic<T>(parse: impl FnOnce() -> T) -> Option<T> {
+    static SWAPPING_HOOK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _swapping = SWAPPING_HOOK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(parse));
