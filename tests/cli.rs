@@ -460,6 +460,9 @@ fn score_qa_answers_the_same_four_at_a_time() {
             "--concurrency",
             concurrency,
             "--json",
+            // Side by side gives alone's bits only where each row is multiplied alone: the CPU.
+            "--device",
+            "cpu",
         ]);
         assert!(success, "{stderr}");
         serde_json::from_str(&stdout).unwrap()
@@ -509,6 +512,9 @@ fn hierarchical_summarizes_three_chunks_at_a_time_to_the_same_summary() {
             "6",
             "--concurrency",
             concurrency,
+            // Side by side gives alone's bits only where each row is multiplied alone: the CPU.
+            "--device",
+            "cpu",
         ]);
         assert!(success, "{stderr}");
         let steps = std::fs::read_to_string(out.join("steps.jsonl"))

@@ -173,7 +173,12 @@ fn questions_answered_side_by_side_match_those_answered_in_turn() {
         dir: dir.path().to_path_buf(),
         name: "tiny-chat".into(),
     };
-    let engine = Engine::load(&source, &LoadOptions::default()).unwrap();
+    // Side by side gives alone's bits only where each row is multiplied alone: the CPU.
+    let options = LoadOptions {
+        device: prism::engine::device::DeviceChoice::Cpu,
+        ..LoadOptions::default()
+    };
+    let engine = Engine::load(&source, &options).unwrap();
     let mut backend = Backend::Local(Box::new(engine));
     let summary = "w1 w2 w3 w4. w5 w6 w7.";
     let pairs: Vec<QaPair> = (0..5)
