@@ -351,12 +351,32 @@ impl InterleavedMatmul {
 
     /// `x` `(1, seq, width)` times the weight's transpose: `(1, seq, rows)`.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut parts = self.forward_parts(x, &[self.rows])?;
+        parts
+            .pop()
+            .ok_or_else(|| candle_core::Error::Msg("a matmul gave no output".into()))
+    }
+
+    /// [`InterleavedMatmul::forward`] cut by columns into consecutive parts
+    /// of `widths` columns, `(1, seq, width)` each, written in place: a
+    /// stacked weight's projections come out apart without a copy, which
+    /// took the pool's other thread idle for a tenth of a sixteen-sequence
+    /// decode step. Each width is a whole number of groups, and together
+    /// they are the weight's rows.
+    pub(crate) fn forward_parts(&self, x: &Tensor, widths: &[usize]) -> Result<Vec<Tensor>> {
         let (_, seq, width) = x.dims3()?;
         if width != self.width {
             candle_core::bail!(
                 "a {:?} matmul {width} wide for a weight {} wide",
                 self.format,
                 self.width
+            );
+        }
+        if widths.iter().sum::<usize>() != self.rows || widths.iter().any(|w| w % GROUP != 0) {
+            candle_core::bail!(
+                "parts of {widths:?} columns for a {:?} matmul of {} rows",
+                self.format,
+                self.rows
             );
         }
         let x = x.to_dtype(DType::F32)?.contiguous()?;
@@ -375,8 +395,8 @@ impl InterleavedMatmul {
         let pair_rows: Vec<&[PairBlock]> = pairs.chunks_exact(blocks).collect();
         let groups = self.rows / GROUP;
         let group_bytes = width / self.format.values() * self.format.group_block_bytes();
-        let mut out = vec![0f32; seq * self.rows];
-        let output = Output(out.as_mut_ptr());
+        let mut parts: Vec<Vec<f32>> = widths.iter().map(|w| Vec::with_capacity(seq * w)).collect();
+        let output = Output::new(&mut parts, widths);
         let tile_rows = if paired { 2 * PAIR_TILE } else { TILE };
         // Groups are split among the cores in runs, and each run writes the
         // columns of its own groups.
@@ -395,16 +415,23 @@ impl InterleavedMatmul {
                             self.dot_group(group, tile, &mut tile_out);
                         }
                         for (n, sums) in tile_out.chunks_exact(GROUP).take(tile.len()).enumerate() {
-                            let at = (t * tile_rows + n) * self.rows + g * GROUP;
-                            // SAFETY: `(t·tile_rows + n, g)` is inside `out`,
+                            // SAFETY: row `t·tile_rows + n` is below `seq`,
                             // and group `g` belongs to this run alone.
-                            unsafe { output.write(at, sums) };
+                            unsafe { output.write(t * tile_rows + n, g, sums) };
                         }
                     }
                 }
             }
         });
-        Tensor::from_vec(out, (1, seq, self.rows), &Device::Cpu)
+        parts
+            .into_iter()
+            .zip(widths)
+            .map(|(mut part, &width)| {
+                // SAFETY: the loop above wrote every row of every group once.
+                unsafe { part.set_len(seq * width) };
+                Tensor::from_vec(part, (1, seq, width), &Device::Cpu)
+            })
+            .collect()
     }
 
     /// Quantize the rows of `values` onto `inputs`, and where `pairs` is not
@@ -510,23 +537,47 @@ impl InterleavedMatmul {
     }
 }
 
-/// A matmul's `(seq, rows)` output, which the pool's workers fill at
-/// disjoint places: each writes the columns of its own groups.
-struct Output(*mut f32);
+/// A matmul's output, parts of `(seq, width)` side by side by columns,
+/// which the pool's workers fill at disjoint places: each writes the
+/// columns of its own groups. The parts' buffers start uninitialized.
+struct Output {
+    /// Each part's buffer, its first group and its width.
+    parts: Vec<(*mut f32, usize, usize)>,
+}
 
-// SAFETY: workers write through the pointer only at places no other worker
-// writes, and the buffer outlives the pool's work.
+// SAFETY: workers write through the pointers only at places no other worker
+// writes, and the buffers outlive the pool's work.
 unsafe impl Sync for Output {}
 
 impl Output {
-    /// Copy `values` to `at`.
+    /// Points at the buffers of `parts`, each with room for `widths[i]`
+    /// columns of every row.
+    fn new(parts: &mut [Vec<f32>], widths: &[usize]) -> Self {
+        let firsts = widths.iter().scan(0, |first, width| {
+            *first += width / GROUP;
+            Some(*first - width / GROUP)
+        });
+        Output {
+            parts: parts
+                .iter_mut()
+                .zip(firsts.zip(widths))
+                .map(|(part, (first, &width))| (part.as_mut_ptr(), first, width))
+                .collect(),
+        }
+    }
+
+    /// Copy group `group`'s [`GROUP`] sums of input row `row` to their columns.
     ///
     /// # Safety
-    /// `at..at + values.len()` lies inside the buffer, and no other thread
-    /// touches it meanwhile.
-    unsafe fn write(&self, at: usize, values: &[f32]) {
-        // SAFETY: as the caller promises.
-        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), self.0.add(at), values.len()) };
+    /// `row` is an input row of the matmul, `group` one of its groups, and
+    /// no other thread writes that row of that group meanwhile.
+    unsafe fn write(&self, row: usize, group: usize, sums: &[f32]) {
+        // The first part starts at group 0, so some part holds `group`.
+        let part = self.parts.partition_point(|&(_, first, _)| first <= group) - 1;
+        let (buffer, first, width) = self.parts[part];
+        let at = row * width + (group - first) * GROUP;
+        // SAFETY: as the caller promises, inside the part's buffer.
+        unsafe { std::ptr::copy_nonoverlapping(sums.as_ptr(), buffer.add(at), GROUP) };
     }
 }
 
@@ -1750,6 +1801,34 @@ mod tests {
             let shared = portable[..8].iter().all(|b| b.scale == portable[0].scale);
             assert_eq!(shared, dtype == GgmlDType::Q4K, "{dtype:?}");
         }
+    }
+
+    #[test]
+    fn parts_are_the_columns_of_the_whole_product() {
+        let stored = weight(40, 64, GgmlDType::Q4_1);
+        let Some(matmul) = InterleavedMatmul::new(&stored) else {
+            return;
+        };
+        for rows in [1, 5, 19] {
+            let x = inputs(rows, 64);
+            let whole = matmul.forward(&x).unwrap().squeeze(0).unwrap();
+            let parts = matmul.forward_parts(&x, &[8, 24, 8]).unwrap();
+            let mut start = 0;
+            for part in &parts {
+                let width = part.dim(2).unwrap();
+                let expected = whole.narrow(1, start, width).unwrap();
+                assert_eq!(
+                    values(part),
+                    values(&expected),
+                    "{rows} rows, from column {start}"
+                );
+                start += width;
+            }
+        }
+        // Parts must be whole groups that add up to the weight's rows.
+        let x = inputs(2, 64);
+        assert!(matmul.forward_parts(&x, &[4, 36]).is_err());
+        assert!(matmul.forward_parts(&x, &[8, 24]).is_err());
     }
 
     #[test]

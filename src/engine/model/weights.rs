@@ -81,18 +81,61 @@ impl Linear {
         matches!(self.weight, DecodeWeight::Interleaved(_))
     }
 
+    /// [`Linear::forward`] cut by output columns into consecutive parts of
+    /// `widths`, each contiguous. prism's kernel writes them apart; other
+    /// matmuls' outputs are copied out part by part.
+    pub(crate) fn forward_parts(
+        &self,
+        x: &Tensor,
+        pass: Pass,
+        widths: &[usize],
+    ) -> candle_core::Result<Vec<Tensor>> {
+        let parts = match &self.weight {
+            DecodeWeight::Interleaved(weight) if widths.iter().all(|w| w % GROUP == 0) => {
+                weight.forward_parts(x, widths)?
+            }
+            _ => {
+                let whole = self.unbiased(x, pass)?;
+                let mut start = 0;
+                // Each part is copied out whole: the elementwise ops that
+                // follow run several times faster on contiguous tensors.
+                let mut parts = Vec::with_capacity(widths.len());
+                for &width in widths {
+                    parts.push(whole.narrow(2, start, width)?.contiguous()?);
+                    start += width;
+                }
+                parts
+            }
+        };
+        let Some(bias) = &self.bias else {
+            return Ok(parts);
+        };
+        let mut start = 0;
+        let mut biased = Vec::with_capacity(parts.len());
+        for (part, &width) in parts.iter().zip(widths) {
+            biased.push(part.broadcast_add(&bias.narrow(0, start, width)?)?);
+            start += width;
+        }
+        Ok(biased)
+    }
+
     /// `x` is `(1, seq, in)`; the result is `(1, seq, out)`.
     pub(crate) fn forward(&self, x: &Tensor, pass: Pass) -> candle_core::Result<Tensor> {
-        let y = match (&self.dense, pass) {
-            (Some(dense), Pass::Prompt) => dense_matmul(&x.squeeze(0)?, dense)?.unsqueeze(0)?,
-            _ => match &self.weight {
-                DecodeWeight::Interleaved(weight) => weight.forward(x)?,
-                DecodeWeight::Candle(weight) => weight.forward(x)?,
-            },
-        };
+        let y = self.unbiased(x, pass)?;
         match &self.bias {
             Some(bias) => y.broadcast_add(bias),
             None => Ok(y),
+        }
+    }
+
+    /// `x` times the weight, before the bias.
+    fn unbiased(&self, x: &Tensor, pass: Pass) -> candle_core::Result<Tensor> {
+        match (&self.dense, pass) {
+            (Some(dense), Pass::Prompt) => dense_matmul(&x.squeeze(0)?, dense)?.unsqueeze(0),
+            _ => match &self.weight {
+                DecodeWeight::Interleaved(weight) => weight.forward(x),
+                DecodeWeight::Candle(weight) => weight.forward(x),
+            },
         }
     }
 }
@@ -446,19 +489,7 @@ impl Projections {
     /// Each projection of `x` `(1, seq, in)`, in the order they were read.
     pub(crate) fn forward(&self, x: &Tensor, pass: Pass) -> candle_core::Result<Vec<Tensor>> {
         match self {
-            Projections::Stacked { weight, outs } => {
-                let stacked = weight.forward(x, pass)?;
-                let mut start = 0;
-                // Each part is copied out whole: the elementwise ops that
-                // follow run several times faster on contiguous tensors.
-                outs.iter()
-                    .map(|&out| {
-                        let part = stacked.narrow(2, start, out)?.contiguous();
-                        start += out;
-                        part
-                    })
-                    .collect()
-            }
+            Projections::Stacked { weight, outs } => weight.forward_parts(x, pass, outs),
             Projections::Separate(linears) => linears
                 .iter()
                 .map(|linear| linear.forward(x, pass))
