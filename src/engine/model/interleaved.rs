@@ -407,6 +407,7 @@ impl InterleavedMatmul {
                 for g in index * run..groups.min((index + 1) * run) {
                     let at = g * group_bytes;
                     let group = &self.interleaved[at..at + group_bytes];
+                    let columns = output.columns(g);
                     for (t, tile) in inputs.chunks(tile_rows).enumerate() {
                         if paired {
                             let pairs = &pair_rows[t * PAIR_TILE..][..tile.len().div_ceil(2)];
@@ -417,7 +418,7 @@ impl InterleavedMatmul {
                         for (n, sums) in tile_out.chunks_exact(GROUP).take(tile.len()).enumerate() {
                             // SAFETY: row `t·tile_rows + n` is below `seq`,
                             // and group `g` belongs to this run alone.
-                            unsafe { output.write(t * tile_rows + n, g, sums) };
+                            unsafe { columns.write(t * tile_rows + n, sums) };
                         }
                     }
                 }
@@ -566,18 +567,37 @@ impl Output {
         }
     }
 
-    /// Copy group `group`'s [`GROUP`] sums of input row `row` to their columns.
-    ///
-    /// # Safety
-    /// `row` is an input row of the matmul, `group` one of its groups, and
-    /// no other thread writes that row of that group meanwhile.
-    unsafe fn write(&self, row: usize, group: usize, sums: &[f32]) {
+    /// Where group `group`'s columns are.
+    fn columns(&self, group: usize) -> Columns {
         // The first part starts at group 0, so some part holds `group`.
         let part = self.parts.partition_point(|&(_, first, _)| first <= group) - 1;
         let (buffer, first, width) = self.parts[part];
-        let at = row * width + (group - first) * GROUP;
+        Columns {
+            // Only an address: `wrapping_add` keeps it defined even before
+            // anything is written there.
+            first: buffer.wrapping_add((group - first) * GROUP),
+            width,
+        }
+    }
+}
+
+/// One group's [`GROUP`] columns of an [`Output`] part `width` columns wide.
+struct Columns {
+    first: *mut f32,
+    width: usize,
+}
+
+impl Columns {
+    /// Copy the group's sums for input row `row` to their columns.
+    ///
+    /// # Safety
+    /// `row` is an input row of the matmul, and no other thread writes
+    /// that row of this group meanwhile.
+    unsafe fn write(&self, row: usize, sums: &[f32]) {
         // SAFETY: as the caller promises, inside the part's buffer.
-        unsafe { std::ptr::copy_nonoverlapping(sums.as_ptr(), buffer.add(at), GROUP) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(sums.as_ptr(), self.first.add(row * self.width), GROUP)
+        };
     }
 }
 
