@@ -90,8 +90,10 @@ impl Linear {
         pass: Pass,
         widths: &[usize],
     ) -> candle_core::Result<Vec<Tensor>> {
+        let whole_groups = widths.iter().all(|w| w % GROUP == 0);
+        let takes_kernel = self.dense.is_none() || pass == Pass::Decode;
         let parts = match &self.weight {
-            DecodeWeight::Interleaved(weight) if widths.iter().all(|w| w % GROUP == 0) => {
+            DecodeWeight::Interleaved(weight) if whole_groups && takes_kernel => {
                 weight.forward_parts(x, widths)?
             }
             _ => {
