@@ -9,7 +9,8 @@ use super::weights::{Embedding, Linear, Pass, PrefillWeights, Projections, Weigh
 use super::{each_on_pool, Config};
 use crate::engine::kv_cache::{KvCache, KvDtype};
 use crate::error::{CandleContext, Result};
-use candle_core::{DType, Device, Storage, Tensor};
+use candle_core::{DType, Device, Layout, Storage, Tensor};
+use std::ops::Deref;
 
 /// Prompts are encoded this many tokens at a time, which bounds the memory of
 /// the intermediate activations without slowing the GEMMs down.
@@ -560,19 +561,13 @@ const SWIGLU_CHUNK: usize = 2048;
 /// one thread, 3 ms of a sixteen-sequence SmolLM2 decode step, long enough
 /// for the pool's other thread to park before the next matmul woke it.
 fn swiglu(gate: &Tensor, up: &Tensor) -> candle_core::Result<Tensor> {
-    let f32_on_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == DType::F32;
     if !(f32_on_cpu(gate) && f32_on_cpu(up)) || gate.shape() != up.shape() {
         return candle_nn::ops::silu(gate)? * up;
     }
     let (gate, up) = (gate.contiguous()?, up.contiguous()?);
     let count = gate.elem_count();
-    let (gate_storage, gate_layout) = gate.storage_and_layout();
-    let (up_storage, up_layout) = up.storage_and_layout();
-    let (Storage::Cpu(gates), Storage::Cpu(ups)) = (&*gate_storage, &*up_storage) else {
-        candle_core::bail!("swiglu reads CPU tensors only");
-    };
-    let gates = &gates.as_slice::<f32>()?[gate_layout.start_offset()..][..count];
-    let ups = &ups.as_slice::<f32>()?[up_layout.start_offset()..][..count];
+    let (gate_storage, up_storage) = (gate.storage_and_layout(), up.storage_and_layout());
+    let (gates, ups) = (cpu_values(&gate_storage)?, cpu_values(&up_storage)?);
     let mut out = vec![0f32; count];
     let swiglu_chunk = |at: usize, out: &mut [f32]| swiglu_values(&gates[at..], &ups[at..], out);
     if count <= SWIGLU_CHUNK {
@@ -584,6 +579,24 @@ fn swiglu(gate: &Tensor, up: &Tensor) -> candle_core::Result<Tensor> {
         });
     }
     Tensor::from_vec(out, gate.shape(), gate.device())
+}
+
+/// Whether `t` holds f32 values in the CPU's memory, as the passes written
+/// here for the CPU read them.
+fn f32_on_cpu(t: &Tensor) -> bool {
+    t.device().is_cpu() && t.dtype() == DType::F32
+}
+
+/// The f32 values of a contiguous CPU tensor, read through the guard its
+/// `storage_and_layout` gave.
+fn cpu_values<'a>(
+    (storage, layout): &'a (impl Deref<Target = Storage>, &Layout),
+) -> candle_core::Result<&'a [f32]> {
+    let Storage::Cpu(storage) = &**storage else {
+        candle_core::bail!("reading the values of a tensor that is not on the CPU");
+    };
+    let count = layout.shape().elem_count();
+    Ok(&storage.as_slice::<f32>()?[layout.start_offset()..][..count])
 }
 
 /// [`swiglu`] of slices, in vector registers where the CPU has them.
@@ -655,7 +668,6 @@ impl Rope {
         cos: &Tensor,
         sin: &Tensor,
     ) -> candle_core::Result<(Tensor, Tensor)> {
-        let f32_on_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == DType::F32;
         if ![queries, keys, cos, sin].into_iter().all(f32_on_cpu) {
             return Ok((self.apply(queries, cos, sin)?, self.apply(keys, cos, sin)?));
         }
@@ -664,19 +676,10 @@ impl Rope {
         let half = head_dim / 2;
         let (queries, keys) = (queries.contiguous()?, keys.contiguous()?);
         let (cos, sin) = (cos.contiguous()?, sin.contiguous()?);
-        let (q_storage, q_layout) = queries.storage_and_layout();
-        let (k_storage, k_layout) = keys.storage_and_layout();
-        let (cos_storage, cos_layout) = cos.storage_and_layout();
-        let (sin_storage, sin_layout) = sin.storage_and_layout();
-        let (Storage::Cpu(q), Storage::Cpu(k), Storage::Cpu(cos), Storage::Cpu(sin)) =
-            (&*q_storage, &*k_storage, &*cos_storage, &*sin_storage)
-        else {
-            candle_core::bail!("rotating rows reads CPU tensors only");
-        };
-        let q = &q.as_slice::<f32>()?[q_layout.start_offset()..][..rows * heads * head_dim];
-        let k = &k.as_slice::<f32>()?[k_layout.start_offset()..][..rows * kv_heads * head_dim];
-        let cos = &cos.as_slice::<f32>()?[cos_layout.start_offset()..][..rows * half];
-        let sin = &sin.as_slice::<f32>()?[sin_layout.start_offset()..][..rows * half];
+        let (q_storage, k_storage) = (queries.storage_and_layout(), keys.storage_and_layout());
+        let (cos_storage, sin_storage) = (cos.storage_and_layout(), sin.storage_and_layout());
+        let (q, k) = (cpu_values(&q_storage)?, cpu_values(&k_storage)?);
+        let (cos, sin) = (cpu_values(&cos_storage)?, cpu_values(&sin_storage)?);
         let mut turned_q = vec![0f32; q.len()];
         let mut turned_k = vec![0f32; k.len()];
         let mut jobs: Vec<(&mut [f32], &mut [f32])> = turned_q

@@ -91,53 +91,51 @@ impl Linear {
         widths: &[usize],
     ) -> candle_core::Result<Vec<Tensor>> {
         let whole_groups = widths.iter().all(|w| w % GROUP == 0);
+        // As in `forward`: a dense copy, where there is one, serves prompts.
         let takes_kernel = self.dense.is_none() || pass == Pass::Decode;
-        let parts = match &self.weight {
+        let mut start = 0;
+        match &self.weight {
             DecodeWeight::Interleaved(weight) if whole_groups && takes_kernel => {
-                weight.forward_parts(x, widths)?
+                let parts = weight.forward_parts(x, widths)?;
+                let Some(bias) = &self.bias else {
+                    return Ok(parts);
+                };
+                parts
+                    .iter()
+                    .zip(widths)
+                    .map(|(part, &width)| {
+                        start += width;
+                        part.broadcast_add(&bias.narrow(0, start - width, width)?)
+                    })
+                    .collect()
             }
             _ => {
-                let whole = self.unbiased(x, pass)?;
-                let mut start = 0;
+                let whole = self.forward(x, pass)?;
                 // Each part is copied out whole: the elementwise ops that
                 // follow run several times faster on contiguous tensors.
-                let mut parts = Vec::with_capacity(widths.len());
-                for &width in widths {
-                    parts.push(whole.narrow(2, start, width)?.contiguous()?);
-                    start += width;
-                }
-                parts
+                widths
+                    .iter()
+                    .map(|&width| {
+                        start += width;
+                        whole.narrow(2, start - width, width)?.contiguous()
+                    })
+                    .collect()
             }
-        };
-        let Some(bias) = &self.bias else {
-            return Ok(parts);
-        };
-        let mut start = 0;
-        let mut biased = Vec::with_capacity(parts.len());
-        for (part, &width) in parts.iter().zip(widths) {
-            biased.push(part.broadcast_add(&bias.narrow(0, start, width)?)?);
-            start += width;
         }
-        Ok(biased)
     }
 
     /// `x` is `(1, seq, in)`; the result is `(1, seq, out)`.
     pub(crate) fn forward(&self, x: &Tensor, pass: Pass) -> candle_core::Result<Tensor> {
-        let y = self.unbiased(x, pass)?;
+        let y = match (&self.dense, pass) {
+            (Some(dense), Pass::Prompt) => dense_matmul(&x.squeeze(0)?, dense)?.unsqueeze(0)?,
+            _ => match &self.weight {
+                DecodeWeight::Interleaved(weight) => weight.forward(x)?,
+                DecodeWeight::Candle(weight) => weight.forward(x)?,
+            },
+        };
         match &self.bias {
             Some(bias) => y.broadcast_add(bias),
             None => Ok(y),
-        }
-    }
-
-    /// `x` times the weight, before the bias.
-    fn unbiased(&self, x: &Tensor, pass: Pass) -> candle_core::Result<Tensor> {
-        match (&self.dense, pass) {
-            (Some(dense), Pass::Prompt) => dense_matmul(&x.squeeze(0)?, dense)?.unsqueeze(0),
-            _ => match &self.weight {
-                DecodeWeight::Interleaved(weight) => weight.forward(x),
-                DecodeWeight::Candle(weight) => weight.forward(x),
-            },
         }
     }
 }
