@@ -6,10 +6,11 @@
 
 use super::attention::{batch_attention, prompt_attention};
 use super::weights::{Embedding, Linear, Pass, PrefillWeights, Projections, WeightFile};
-use super::{each_on_pool, Config};
+use super::{each_on_pool, written, Config};
 use crate::engine::kv_cache::{KvCache, KvDtype};
 use crate::error::{CandleContext, Result};
 use candle_core::{DType, Device, Layout, Storage, Tensor};
+use std::mem::MaybeUninit;
 use std::ops::Deref;
 
 /// Prompts are encoded this many tokens at a time, which bounds the memory of
@@ -324,7 +325,7 @@ impl Transformer {
     /// each row's next-token logits, `(rows, vocab_size)` in f32.
     fn output_head(&self, hidden: &Tensor, pass: Pass) -> candle_core::Result<Tensor> {
         let eps = self.config.rms_norm_eps as f32;
-        let normed = candle_nn::ops::rms_norm(hidden, &self.norm, eps)?;
+        let normed = rms_norm(hidden, &self.norm, eps)?;
         self.lm_head
             .forward(&normed, pass)?
             .squeeze(0)?
@@ -369,7 +370,7 @@ impl Transformer {
         let eps = c.rms_norm_eps as f32;
         let scale = 1.0 / (c.head_dim as f64).sqrt();
         for (layer, block) in self.blocks.iter().enumerate() {
-            let normed = candle_nn::ops::rms_norm(&x, &block.input_layernorm, eps)?;
+            let normed = rms_norm(&x, &block.input_layernorm, eps)?;
             let attn = &block.self_attn;
             // (rows, heads, 1, head_dim), a reshape of the projection's rows.
             let [q, k, v] = outputs(attn.qkv.forward(&normed, pass)?)?;
@@ -379,9 +380,9 @@ impl Transformer {
             let v = by_head(v, c.kv_heads)?;
             let sequences = append_runs(layer, caches, &run_lengths, (&k, &v))?;
             let attended = batch_attention(&q, &sequences, &run_lengths, scale)?;
-            x = (x + attn.o_proj.forward(&attended, pass)?)?;
-            let normed = candle_nn::ops::rms_norm(&x, &block.post_attention_layernorm, eps)?;
-            x = (x + block.mlp.forward(&normed, pass)?)?;
+            x = attn.o_proj.forward_onto(&attended, &x, pass)?;
+            let normed = rms_norm(&x, &block.post_attention_layernorm, eps)?;
+            x = block.mlp.forward_onto(&normed, &x, pass)?;
         }
         Ok(x)
     }
@@ -442,20 +443,22 @@ impl Transformer {
         let (cos, sin) = self.rope.at(start, tokens.len())?;
         let eps = self.config.rms_norm_eps as f32;
         for (layer, block) in self.blocks.iter().enumerate() {
-            let normed = candle_nn::ops::rms_norm(&x, &block.input_layernorm, eps)?;
+            let normed = rms_norm(&x, &block.input_layernorm, eps)?;
             let rope = (&cos, &sin);
-            let attended = self.attention(&block.self_attn, &normed, (layer, cache), rope, pass)?;
-            x = (x + attended)?;
-            let normed = candle_nn::ops::rms_norm(&x, &block.post_attention_layernorm, eps)?;
-            x = (x + block.mlp.forward(&normed, pass)?)?;
+            let attn = &block.self_attn;
+            x = self.attention(attn, &normed, &x, (layer, cache), rope, pass)?;
+            let normed = rms_norm(&x, &block.post_attention_layernorm, eps)?;
+            x = block.mlp.forward_onto(&normed, &x, pass)?;
         }
         Ok(x)
     }
 
+    /// `residual` plus the attention of the normed hidden states `x`.
     fn attention(
         &self,
         attn: &Attention,
         x: &Tensor,
+        residual: &Tensor,
         (layer, cache): (usize, &mut KvCache),
         (cos, sin): (&Tensor, &Tensor),
         pass: Pass,
@@ -482,7 +485,7 @@ impl Transformer {
             .map_err(candle_core::Error::wrap)?;
         let scale = 1.0 / (c.head_dim as f64).sqrt();
         let out = prompt_attention(&q, &keys, &values, scale)?;
-        attn.o_proj.forward(&out, pass)
+        attn.o_proj.forward_onto(&out, residual, pass)
     }
 }
 
@@ -546,9 +549,16 @@ fn append_runs(
 }
 
 impl Mlp {
-    fn forward(&self, x: &Tensor, pass: Pass) -> candle_core::Result<Tensor> {
+    /// `residual` plus the block's feed-forward output for `x`.
+    fn forward_onto(
+        &self,
+        x: &Tensor,
+        residual: &Tensor,
+        pass: Pass,
+    ) -> candle_core::Result<Tensor> {
         let [gate, up] = outputs(self.gate_up.forward(x, pass)?)?;
-        self.down_proj.forward(&swiglu(&gate, &up)?, pass)
+        self.down_proj
+            .forward_onto(&swiglu(&gate, &up)?, residual, pass)
     }
 }
 
@@ -568,17 +578,109 @@ fn swiglu(gate: &Tensor, up: &Tensor) -> candle_core::Result<Tensor> {
     let count = gate.elem_count();
     let (gate_storage, up_storage) = (gate.storage_and_layout(), up.storage_and_layout());
     let (gates, ups) = (cpu_values(&gate_storage)?, cpu_values(&up_storage)?);
-    let mut out = vec![0f32; count];
-    let swiglu_chunk = |at: usize, out: &mut [f32]| swiglu_values(&gates[at..], &ups[at..], out);
-    if count <= SWIGLU_CHUNK {
-        swiglu_chunk(0, &mut out);
-    } else {
-        let mut chunks: Vec<&mut [f32]> = out.chunks_mut(SWIGLU_CHUNK).collect();
-        each_on_pool(&mut chunks, |index, chunk| {
-            swiglu_chunk(index * SWIGLU_CHUNK, chunk)
-        });
-    }
+    let swiglu_chunk = |index: usize, out: &mut [MaybeUninit<f32>]| {
+        let at = index * SWIGLU_CHUNK;
+        swiglu_values(&gates[at..], &ups[at..], out)
+    };
+    // SAFETY: `swiglu_values` writes each value of a chunk, its gates and
+    // ups being as many.
+    let out = unsafe { written(count, SWIGLU_CHUNK, true, swiglu_chunk) };
     Tensor::from_vec(out, gate.shape(), gate.device())
+}
+
+/// Rows whose sums of squares [`rms_norm`] adds up side by side.
+const NORM_LOCKSTEP: usize = 8;
+
+/// Rows [`rms_norm`] normalizes on the calling thread; more go to the pool,
+/// as candle sends more than 32 to rayon's.
+const NORM_ROWS_IN_PLACE: usize = 32;
+
+/// candle's RMS norm of each last-dimension row of `x`, scaled by `alpha`,
+/// with the same bits. candle adds each row's squares up one after another,
+/// each add waiting on the last, which took 2% of a sixteen-sequence decode
+/// step on the batch thread while the pool idled. Here several rows' sums
+/// advance together, each in its own order, so the adds overlap and every
+/// row's sum is the one candle computes.
+fn rms_norm(x: &Tensor, alpha: &Tensor, eps: f32) -> candle_core::Result<Tensor> {
+    let width = x.dim(candle_core::D::Minus1)?;
+    if !(f32_on_cpu(x) && f32_on_cpu(alpha)) || alpha.dims1()? != width || width == 0 {
+        return candle_nn::ops::rms_norm(x, alpha, eps);
+    }
+    let x = x.contiguous()?;
+    let alpha = alpha.contiguous()?;
+    let (x_storage, alpha_storage) = (x.storage_and_layout(), alpha.storage_and_layout());
+    let (values, alpha_values) = (cpu_values(&x_storage)?, cpu_values(&alpha_storage)?);
+    let normalize = |index: usize, out: &mut [MaybeUninit<f32>]| {
+        let rows = &values[index * NORM_LOCKSTEP * width..][..out.len()];
+        normalize_rows(rows, alpha_values, eps, out);
+    };
+    let on_pool = values.len() > NORM_ROWS_IN_PLACE * width;
+    // SAFETY: `normalize_rows` writes each value of its whole rows.
+    let out = unsafe { written(values.len(), NORM_LOCKSTEP * width, on_pool, normalize) };
+    Tensor::from_vec(out, x.shape(), x.device())
+}
+
+/// [`rms_norm`] of up to [`NORM_LOCKSTEP`] rows of `alpha.len()` values,
+/// in AVX2 registers where the CPU has them (the same operations, so the
+/// same bits).
+fn normalize_rows(rows: &[f32], alpha: &[f32], eps: f32, out: &mut [MaybeUninit<f32>]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { normalize_rows_avx2(rows, alpha, eps, out) };
+    }
+    normalize_rows_portable(rows, alpha, eps, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn normalize_rows_avx2(rows: &[f32], alpha: &[f32], eps: f32, out: &mut [MaybeUninit<f32>]) {
+    normalize_rows_portable(rows, alpha, eps, out)
+}
+
+#[inline(always)]
+fn normalize_rows_portable(rows: &[f32], alpha: &[f32], eps: f32, out: &mut [MaybeUninit<f32>]) {
+    let width = alpha.len();
+    let count = rows.len() / width;
+    let mut sums = [0f32; NORM_LOCKSTEP];
+    let mut first = 0;
+    while first < count {
+        let rest = &rows[first * width..];
+        let added = match count - first {
+            8.. => sums_of_squares::<8>(rest, width, &mut sums[first..]),
+            4..=7 => sums_of_squares::<4>(rest, width, &mut sums[first..]),
+            2 | 3 => sums_of_squares::<2>(rest, width, &mut sums[first..]),
+            _ => sums_of_squares::<1>(rest, width, &mut sums[first..]),
+        };
+        first += added;
+    }
+    for ((row, out), sum) in rows
+        .chunks_exact(width)
+        .zip(out.chunks_exact_mut(width))
+        .zip(sums)
+    {
+        let m = (sum / width as f32 + eps).sqrt();
+        for ((out, &v), &a) in out.iter_mut().zip(row).zip(alpha) {
+            out.write(v / m * a);
+        }
+    }
+}
+
+/// The sums of squares of the first `N` rows of `width` values in `rows`
+/// into `sums`, each added up in order with the rows side by side, so
+/// that `N` adds are under way at once; returns `N`.
+#[inline(always)]
+fn sums_of_squares<const N: usize>(rows: &[f32], width: usize, sums: &mut [f32]) -> usize {
+    let rows: [&[f32]; N] = std::array::from_fn(|r| &rows[r * width..][..width]);
+    let mut added = [0f32; N];
+    for j in 0..width {
+        for (sum, row) in added.iter_mut().zip(rows) {
+            let v = row[j];
+            *sum += v * v;
+        }
+    }
+    sums[..N].copy_from_slice(&added);
+    N
 }
 
 /// Whether `t` holds f32 values in the CPU's memory, as the passes written
@@ -599,15 +701,16 @@ fn cpu_values<'a>(
     Ok(&storage.as_slice::<f32>()?[layout.start_offset()..][..count])
 }
 
-/// [`swiglu`] of slices, in vector registers where the CPU has them.
-fn swiglu_values(gates: &[f32], ups: &[f32], out: &mut [f32]) {
+/// [`swiglu`] of slices into `out`, every value of which is written when
+/// there are as many gates and ups; in vector registers where the CPU has them.
+fn swiglu_values(gates: &[f32], ups: &[f32], out: &mut [MaybeUninit<f32>]) {
     #[cfg(target_arch = "x86_64")]
     if super::has_avx2_fma_f16c() {
         // SAFETY: the CPU has AVX2, FMA and F16C.
         return unsafe { super::exp::swiglu(gates, ups, out) };
     }
     for ((out, &g), &u) in out.iter_mut().zip(gates).zip(ups) {
-        *out = g / (1.0 + (-g).exp()) * u;
+        out.write(g / (1.0 + (-g).exp()) * u);
     }
 }
 
@@ -796,6 +899,24 @@ mod tests {
                     "{got} against {want}, {count} values"
                 );
             }
+        }
+    }
+    #[test]
+    fn norms_added_up_side_by_side_give_the_bits_of_candles() {
+        // Fewer rows than advance together, a part of a pool's job, and
+        // enough for the pool; a width the vector registers do not divide.
+        for (rows, width) in [(1, 576), (5, 576), (19, 37), (45, 64)] {
+            let values: Vec<f32> = (0..rows * width)
+                .map(|i| (i as f32 * 0.37).sin() * 3.0 + 0.5)
+                .collect();
+            let x = Tensor::from_vec(values, (1, rows, width), &Device::Cpu).unwrap();
+            let alpha: Vec<f32> = (0..width).map(|i| 1.0 + (i as f32 * 0.11).cos()).collect();
+            let alpha = Tensor::from_vec(alpha, width, &Device::Cpu).unwrap();
+            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let expected = candle_nn::ops::rms_norm(&x, &alpha, 1e-5).unwrap();
+            let got = rms_norm(&x, &alpha, 1e-5).unwrap();
+            assert_eq!(got.dims(), expected.dims());
+            assert_eq!(flat(&got), flat(&expected), "{rows} rows of {width}");
         }
     }
 }

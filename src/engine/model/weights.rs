@@ -124,6 +124,26 @@ impl Linear {
         }
     }
 
+    /// `residual + forward(x, pass)`, which prism's kernel writes in one
+    /// pass; a bias or another matmul takes candle's add.
+    pub(crate) fn forward_onto(
+        &self,
+        x: &Tensor,
+        residual: &Tensor,
+        pass: Pass,
+    ) -> candle_core::Result<Tensor> {
+        // As in `forward`: a dense copy, where there is one, serves prompts.
+        let takes_kernel = self.dense.is_none() || pass == Pass::Decode;
+        match (&self.weight, &self.bias) {
+            (DecodeWeight::Interleaved(weight), None)
+                if takes_kernel && residual.device().is_cpu() =>
+            {
+                weight.forward_onto(x, residual)
+            }
+            _ => residual + self.forward(x, pass)?,
+        }
+    }
+
     /// `x` is `(1, seq, in)`; the result is `(1, seq, out)`.
     pub(crate) fn forward(&self, x: &Tensor, pass: Pass) -> candle_core::Result<Tensor> {
         let y = match (&self.dense, pass) {
