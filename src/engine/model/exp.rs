@@ -47,9 +47,9 @@ pub(super) fn exp(x: __m256) -> __m256 {
 }
 
 /// `silu(g) · u = g / (1 + e^-g) · u` for each gate and up value into
-/// `out`, every value of which is written when the three are as long, eight at a time and the last few by the same steps. With libm's
-/// `expf` one value at a time it took 2 ms of a sixteen-sequence SmolLM2
-/// decode step.
+/// `out` (every value of it when the three are as long), eight at a time
+/// and the last few by the same steps. With libm's `expf` one value at a
+/// time it took 2 ms of a sixteen-sequence SmolLM2 decode step.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.

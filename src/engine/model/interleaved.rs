@@ -22,7 +22,7 @@
 //! Q6_K, 3% larger for Q4_K (unpacked scales).
 
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{DType, Device, Result, Storage, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -352,7 +352,13 @@ impl InterleavedMatmul {
 
     /// `x` `(1, seq, width)` times the weight's transpose: `(1, seq, rows)`.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut parts = self.forward_parts(x, &[self.rows])?;
+        self.whole(x, None)
+    }
+
+    /// The product as one part, each sum added to `added`'s value at its
+    /// place where there is one.
+    fn whole(&self, x: &Tensor, added: Option<&[f32]>) -> Result<Tensor> {
+        let mut parts = self.multiply(x, &[self.rows], added)?;
         parts
             .pop()
             .ok_or_else(|| candle_core::Error::Msg("a matmul gave no output".into()))
@@ -384,15 +390,8 @@ impl InterleavedMatmul {
             );
         }
         let residual = residual.contiguous()?;
-        let (storage, layout) = residual.storage_and_layout();
-        let Storage::Cpu(storage) = &*storage else {
-            candle_core::bail!("a {:?} matmul reads CPU tensors only", self.format);
-        };
-        let added = &storage.as_slice::<f32>()?[layout.start_offset()..][..seq * self.rows];
-        let mut parts = self.multiply(x, &[self.rows], Some(added))?;
-        parts
-            .pop()
-            .ok_or_else(|| candle_core::Error::Msg("a matmul gave no output".into()))
+        let storage = residual.storage_and_layout();
+        self.whole(x, Some(super::cpu_values(&storage)?))
     }
 
     /// [`InterleavedMatmul::forward_parts`], each sum added to the value at
@@ -414,11 +413,8 @@ impl InterleavedMatmul {
             );
         }
         let x = x.to_dtype(DType::F32)?.contiguous()?;
-        let (storage, layout) = x.storage_and_layout();
-        let Storage::Cpu(storage) = &*storage else {
-            candle_core::bail!("a {:?} matmul reads CPU tensors only", self.format);
-        };
-        let values = &storage.as_slice::<f32>()?[layout.start_offset()..][..seq * width];
+        let storage = x.storage_and_layout();
+        let values = super::cpu_values(&storage)?;
         let blocks = width / BLOCK;
         let paired = self.instructions.pairs_rows(seq);
         PREPARED.with_borrow_mut(|(inputs, pairs)| {
@@ -672,15 +668,18 @@ impl Columns<'_> {
     /// that row of this group meanwhile.
     unsafe fn write(&self, row: usize, sums: &[f32]) {
         let at = row * self.width;
-        let mut values = [0f32; GROUP];
-        values.copy_from_slice(&sums[..GROUP]);
-        if let Some(added) = self.added {
-            for (value, &added) in values.iter_mut().zip(&added[at..at + GROUP]) {
-                *value += added;
+        // SAFETY: as the caller promises, inside the part's buffer.
+        let columns = unsafe { self.first.add(at) };
+        match self.added {
+            // SAFETY: as above, for each of the group's columns.
+            None => unsafe { std::ptr::copy_nonoverlapping(sums.as_ptr(), columns, GROUP) },
+            Some(added) => {
+                for (c, (&sum, &added)) in sums.iter().zip(&added[at..at + GROUP]).enumerate() {
+                    // SAFETY: as above, for each of the group's columns.
+                    unsafe { columns.add(c).write(sum + added) };
+                }
             }
         }
-        // SAFETY: as the caller promises, inside the part's buffer.
-        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), self.first.add(at), GROUP) };
     }
 }
 

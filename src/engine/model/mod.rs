@@ -73,13 +73,27 @@ unsafe fn written(
     out
 }
 
+/// The f32 values of a contiguous CPU tensor, read through the guard its
+/// `storage_and_layout` gave.
+fn cpu_values<'a>(
+    (storage, layout): &'a (impl Deref<Target = Storage>, &Layout),
+) -> candle_core::Result<&'a [f32]> {
+    let Storage::Cpu(storage) = &**storage else {
+        candle_core::bail!("reading the values of a tensor that is not on the CPU");
+    };
+    let count = layout.shape().elem_count();
+    Ok(&storage.as_slice::<f32>()?[layout.start_offset()..][..count])
+}
+
 pub use transformer::{Rows, Transformer, PREFILL_BATCH};
 pub(crate) use weights::WeightFile;
 pub use weights::{Pass, PrefillWeights};
 
 use crate::error::{Error, Result};
 use candle_core::quantized::gguf_file;
+use candle_core::{Layout, Storage};
 use std::mem::MaybeUninit;
+use std::ops::Deref;
 use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 

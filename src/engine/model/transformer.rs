@@ -6,12 +6,11 @@
 
 use super::attention::{batch_attention, prompt_attention};
 use super::weights::{Embedding, Linear, Pass, PrefillWeights, Projections, WeightFile};
-use super::{each_on_pool, written, Config};
+use super::{cpu_values, each_on_pool, written, Config};
 use crate::engine::kv_cache::{KvCache, KvDtype};
 use crate::error::{CandleContext, Result};
-use candle_core::{DType, Device, Layout, Storage, Tensor};
+use candle_core::{DType, Device, Tensor};
 use std::mem::MaybeUninit;
-use std::ops::Deref;
 
 /// Prompts are encoded this many tokens at a time, which bounds the memory of
 /// the intermediate activations without slowing the GEMMs down.
@@ -690,18 +689,6 @@ fn f32_on_cpu(t: &Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == DType::F32
 }
 
-/// The f32 values of a contiguous CPU tensor, read through the guard its
-/// `storage_and_layout` gave.
-fn cpu_values<'a>(
-    (storage, layout): &'a (impl Deref<Target = Storage>, &Layout),
-) -> candle_core::Result<&'a [f32]> {
-    let Storage::Cpu(storage) = &**storage else {
-        candle_core::bail!("reading the values of a tensor that is not on the CPU");
-    };
-    let count = layout.shape().elem_count();
-    Ok(&storage.as_slice::<f32>()?[layout.start_offset()..][..count])
-}
-
 /// [`swiglu`] of slices into `out`, every value of which is written when
 /// there are as many gates and ups; in vector registers where the CPU has them.
 fn swiglu_values(gates: &[f32], ups: &[f32], out: &mut [MaybeUninit<f32>]) {
@@ -902,6 +889,7 @@ mod tests {
             }
         }
     }
+
     #[test]
     fn norms_added_up_side_by_side_give_the_bits_of_candles() {
         // Fewer rows than advance together, a part of a pool's job, and

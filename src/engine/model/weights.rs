@@ -91,11 +91,9 @@ impl Linear {
         widths: &[usize],
     ) -> candle_core::Result<Vec<Tensor>> {
         let whole_groups = widths.iter().all(|w| w % GROUP == 0);
-        // As in `forward`: a dense copy, where there is one, serves prompts.
-        let takes_kernel = self.dense.is_none() || pass == Pass::Decode;
         let mut start = 0;
         match &self.weight {
-            DecodeWeight::Interleaved(weight) if whole_groups && takes_kernel => {
+            DecodeWeight::Interleaved(weight) if whole_groups && self.takes_kernel(pass) => {
                 let parts = weight.forward_parts(x, widths)?;
                 let Some(bias) = &self.bias else {
                     return Ok(parts);
@@ -132,16 +130,20 @@ impl Linear {
         residual: &Tensor,
         pass: Pass,
     ) -> candle_core::Result<Tensor> {
-        // As in `forward`: a dense copy, where there is one, serves prompts.
-        let takes_kernel = self.dense.is_none() || pass == Pass::Decode;
         match (&self.weight, &self.bias) {
             (DecodeWeight::Interleaved(weight), None)
-                if takes_kernel && residual.device().is_cpu() =>
+                if self.takes_kernel(pass) && residual.device().is_cpu() =>
             {
                 weight.forward_onto(x, residual)
             }
             _ => residual + self.forward(x, pass)?,
         }
+    }
+
+    /// Whether [`Linear::forward`] multiplies a `pass` with the decode
+    /// weight: a dense copy, where there is one, serves prompts.
+    fn takes_kernel(&self, pass: Pass) -> bool {
+        self.dense.is_none() || pass == Pass::Decode
     }
 
     /// `x` is `(1, seq, in)`; the result is `(1, seq, out)`.
