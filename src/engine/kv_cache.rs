@@ -107,20 +107,72 @@ pub(crate) fn quantize_rows(values: &[f32], head_dim: usize) -> Vec<u8> {
 /// over 127), rounded to the nearest integer, as its two's-complement byte
 /// into `out`, and return the scale. A row of zeros has scale zero.
 ///
-/// Where the CPU has AVX2 the same steps compile to vector instructions:
-/// one value at a time, rounding called libm, and quantizing the keys and
-/// values a sixteen-sequence decode step appends took about 2% of it.
+/// Where the CPU has AVX2 the same steps run eight values at a time: the
+/// compiler's own vector code for them kept the largest magnitude a scalar
+/// chain and took about 2% of a sixteen-sequence decode step.
 pub(crate) fn quantize_row(row: &[f32], out: &mut [u8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") {
-        #[target_feature(enable = "avx2")]
-        fn with_avx2(row: &[f32], out: &mut [u8]) -> f32 {
-            quantize_row_portable(row, out)
-        }
         // SAFETY: the CPU has AVX2.
-        return unsafe { with_avx2(row, out) };
+        return unsafe { quantize_row_avx2(row, out) };
     }
     quantize_row_portable(row, out)
+}
+
+/// [`quantize_row`] in AVX2 registers, to the bits of
+/// [`quantize_row_portable`] for every value that is a number: a maximum is exact in any order, and a value
+/// rounds half away from zero as its truncation plus the truncation of
+/// twice what that left (exact for magnitudes below 2^23).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn quantize_row_avx2(row: &[f32], out: &mut [u8]) -> f32 {
+    use std::arch::x86_64::*;
+    const TRUNCATE: i32 = _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC;
+    let (runs, rest) = row.as_chunks::<8>();
+    let magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    let mut largest = _mm256_setzero_ps();
+    for run in runs {
+        // SAFETY: `run` holds eight floats.
+        let v = unsafe { _mm256_loadu_ps(run.as_ptr()) };
+        largest = _mm256_max_ps(_mm256_and_ps(v, magnitude), largest);
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: `lanes` holds eight floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), largest) };
+    let largest = lanes
+        .into_iter()
+        .chain(rest.iter().map(|v| v.abs()))
+        .fold(0f32, f32::max);
+    let scale = largest / 127.0;
+    let inverse = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+    let len = row.len().min(out.len());
+    let (runs, rest) = row[..len].as_chunks::<8>();
+    let (out_runs, out_rest) = out[..len].as_chunks_mut::<8>();
+    let factor = _mm256_set1_ps(inverse);
+    for (run, out) in runs.iter().zip(out_runs) {
+        // SAFETY: `run` holds eight floats.
+        let scaled = _mm256_mul_ps(unsafe { _mm256_loadu_ps(run.as_ptr()) }, factor);
+        let whole = _mm256_round_ps::<TRUNCATE>(scaled);
+        let left = _mm256_sub_ps(scaled, whole);
+        let rounded = _mm256_add_ps(
+            whole,
+            _mm256_round_ps::<TRUNCATE>(_mm256_add_ps(left, left)),
+        );
+        let integers = _mm256_cvttps_epi32(rounded);
+        // Within ±127, so packing keeps every value; lanes 0-3 and 4-7 of
+        // the 32-bit integers come out as bytes 0-3 and 4-7 of the halves.
+        let words = _mm_packs_epi32(
+            _mm256_castsi256_si128(integers),
+            _mm256_extracti128_si256::<1>(integers),
+        );
+        let bytes = _mm_packs_epi16(words, words);
+        // SAFETY: `out` holds eight bytes.
+        unsafe { _mm_storel_epi64(out.as_mut_ptr().cast(), bytes) };
+    }
+    for (out, value) in out_rest.iter_mut().zip(rest) {
+        *out = (value * inverse).round() as i8 as u8;
+    }
+    scale
 }
 
 #[inline(always)]
