@@ -358,7 +358,10 @@ impl InterleavedMatmul {
     /// The product as one part, each sum added to `added`'s value at its
     /// place where there is one.
     fn whole(&self, x: &Tensor, added: Option<&[f32]>) -> Result<Tensor> {
-        let mut parts = self.multiply(x, &[self.rows], added)?;
+        Self::one_part(self.multiply(x, &[self.rows], added)?)
+    }
+
+    fn one_part(mut parts: Vec<Tensor>) -> Result<Tensor> {
         parts
             .pop()
             .ok_or_else(|| candle_core::Error::Msg("a matmul gave no output".into()))
@@ -381,22 +384,42 @@ impl InterleavedMatmul {
     /// since a float sum does not depend on the order of its two terms.
     pub(crate) fn forward_onto(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
         let (_, seq, _) = x.dims3()?;
-        if residual.dims() != [1, seq, self.rows] || residual.dtype() != DType::F32 {
-            candle_core::bail!(
-                "a residual of {:?} {:?} for a matmul of {seq} rows by {}",
-                residual.dims(),
-                residual.dtype(),
-                self.rows
-            );
-        }
-        let residual = residual.contiguous()?;
+        let residual = self.residual(residual, seq)?;
         let storage = residual.storage_and_layout();
         self.whole(x, Some(super::cpu_values(&storage)?))
     }
 
-    /// [`InterleavedMatmul::forward_parts`], each sum added to the value at
-    /// its place in `added` `(seq, rows)` where there is one.
-    fn multiply(&self, x: &Tensor, widths: &[usize], added: Option<&[f32]>) -> Result<Vec<Tensor>> {
+    /// [`InterleavedMatmul::forward_onto`] of `silu(gate) · up`, each row's
+    /// SwiGLU computed where it is quantized, by the thread that quantizes
+    /// it: as a pass of its own it was one more hand-out to the pool per
+    /// layer, and its output one more tensor written and read back. `None`
+    /// unless `gate` and `up` are f32 on the CPU, of one shape.
+    pub(crate) fn swiglu_onto(
+        &self,
+        gate: &Tensor,
+        up: &Tensor,
+        residual: &Tensor,
+    ) -> Result<Option<Tensor>> {
+        let f32_on_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == DType::F32;
+        if !(f32_on_cpu(gate) && f32_on_cpu(up)) || gate.shape() != up.shape() {
+            return Ok(None);
+        }
+        let seq = self.input_rows(gate)?;
+        let residual = self.residual(residual, seq)?;
+        let (gate, up) = (gate.contiguous()?, up.contiguous()?);
+        let (gates, ups, added) = (
+            gate.storage_and_layout(),
+            up.storage_and_layout(),
+            residual.storage_and_layout(),
+        );
+        let input = Input::Swiglu(super::cpu_values(&gates)?, super::cpu_values(&ups)?);
+        let parts =
+            self.multiply_input(input, seq, &[self.rows], Some(super::cpu_values(&added)?))?;
+        Self::one_part(parts).map(Some)
+    }
+
+    /// The rows of `x` `(1, seq, width)`, once its width is checked.
+    fn input_rows(&self, x: &Tensor) -> Result<usize> {
         let (_, seq, width) = x.dims3()?;
         if width != self.width {
             candle_core::bail!(
@@ -405,6 +428,45 @@ impl InterleavedMatmul {
                 self.width
             );
         }
+        Ok(seq)
+    }
+
+    /// `residual`, contiguous, once checked to be what a product of `seq`
+    /// rows can be added to.
+    fn residual(&self, residual: &Tensor, seq: usize) -> Result<Tensor> {
+        if residual.dims() != [1, seq, self.rows] || residual.dtype() != DType::F32 {
+            candle_core::bail!(
+                "a residual of {:?} {:?} for a matmul of {seq} rows by {}",
+                residual.dims(),
+                residual.dtype(),
+                self.rows
+            );
+        }
+        residual.contiguous()
+    }
+
+    /// [`InterleavedMatmul::forward_parts`], each sum added to the value at
+    /// its place in `added` `(seq, rows)` where there is one.
+    fn multiply(&self, x: &Tensor, widths: &[usize], added: Option<&[f32]>) -> Result<Vec<Tensor>> {
+        let seq = self.input_rows(x)?;
+        let x = x.to_dtype(DType::F32)?.contiguous()?;
+        let storage = x.storage_and_layout();
+        self.multiply_input(
+            Input::Values(super::cpu_values(&storage)?),
+            seq,
+            widths,
+            added,
+        )
+    }
+
+    /// [`InterleavedMatmul::multiply`] of the `seq` rows of `input`.
+    fn multiply_input(
+        &self,
+        input: Input,
+        seq: usize,
+        widths: &[usize],
+        added: Option<&[f32]>,
+    ) -> Result<Vec<Tensor>> {
         if widths.iter().sum::<usize>() != self.rows || widths.iter().any(|w| w % GROUP != 0) {
             candle_core::bail!(
                 "parts of {widths:?} columns for a {:?} matmul of {} rows",
@@ -412,15 +474,12 @@ impl InterleavedMatmul {
                 self.rows
             );
         }
-        let x = x.to_dtype(DType::F32)?.contiguous()?;
-        let storage = x.storage_and_layout();
-        let values = super::cpu_values(&storage)?;
-        let blocks = width / BLOCK;
+        let blocks = self.width / BLOCK;
         let paired = self.instructions.pairs_rows(seq);
         PREPARED.with_borrow_mut(|(inputs, pairs)| {
             let inputs = reused(inputs, seq * blocks);
             let pairs = reused(pairs, if paired { seq.div_ceil(2) * blocks } else { 0 });
-            self.prepare_inputs(values, inputs, pairs);
+            self.prepare_inputs(input, inputs, pairs);
             self.multiply_prepared(inputs, pairs, widths, added)
         })
     }
@@ -482,18 +541,19 @@ impl InterleavedMatmul {
             .collect()
     }
 
-    /// Quantize the rows of `values` onto `inputs`, and where `pairs` is not
+    /// Quantize the rows of `input` onto `inputs`, and where `pairs` is not
     /// empty lay out each two rows as [`PairBlock`]s, an odd last row paired
-    /// with itself, two rows at a time: on the pool when there are more
-    /// than [`ROWS_PREPARED_IN_PLACE`], since sixteen rows on one thread
-    /// took long enough for the other to park before the matmul woke it.
-    fn prepare_inputs(&self, values: &[f32], inputs: &mut [InputBlock], pairs: &mut [PairBlock]) {
+    /// with itself, two rows at a time. Given rows go to the pool when there
+    /// are more than [`ROWS_PREPARED_IN_PLACE`], since sixteen rows on one
+    /// thread took long enough for the other to park before the matmul woke
+    /// it; SwiGLU rows, whose elementwise pass the pool ran anyway, go
+    /// there whenever there are two jobs.
+    fn prepare_inputs(&self, input: Input, inputs: &mut [InputBlock], pairs: &mut [PairBlock]) {
         let blocks = self.width / BLOCK;
-        let prepare = |values: &[f32], inputs: &mut [InputBlock], pairs: &mut [PairBlock]| {
-            for (row, quantized) in values
-                .chunks_exact(self.width)
-                .zip(inputs.chunks_exact_mut(blocks))
-            {
+        let prepare = |first_row: usize, inputs: &mut [InputBlock], pairs: &mut [PairBlock]| {
+            let mut scratch = Vec::new();
+            for (r, quantized) in inputs.chunks_exact_mut(blocks).enumerate() {
+                let row = input.row(first_row + r, self.width, &mut scratch);
                 self.quantize(row, quantized);
             }
             let (first, second) = (&inputs[..blocks], &inputs[inputs.len() - blocks..]);
@@ -501,27 +561,28 @@ impl InterleavedMatmul {
                 *pair = PairBlock::new(a, b);
             }
         };
-        let two_rows = values
-            .chunks(2 * self.width)
-            .zip(inputs.chunks_mut(2 * blocks));
+        let two_rows = inputs.chunks_mut(2 * blocks);
         let mut work: Vec<TwoRows> = if pairs.is_empty() {
-            two_rows
-                .map(|(values, inputs)| (values, inputs, &mut [][..]))
-                .collect()
+            two_rows.map(|inputs| (inputs, &mut [][..])).collect()
         } else {
-            two_rows
-                .zip(pairs.chunks_mut(blocks))
-                .map(|((values, inputs), pairs)| (values, inputs, pairs))
-                .collect()
+            two_rows.zip(pairs.chunks_mut(blocks)).collect()
         };
-        if values.len() <= ROWS_PREPARED_IN_PLACE * self.width {
-            for (values, inputs, pairs) in work {
-                prepare(values, inputs, pairs);
+        let rows = work
+            .iter()
+            .map(|(inputs, _)| inputs.len() / blocks)
+            .sum::<usize>();
+        let in_place = match input {
+            Input::Values(_) => rows <= ROWS_PREPARED_IN_PLACE,
+            Input::Swiglu(..) => work.len() == 1,
+        };
+        if in_place {
+            for (index, (inputs, pairs)) in work.iter_mut().enumerate() {
+                prepare(2 * index, inputs, pairs);
             }
             return;
         }
-        super::each_on_pool(&mut work, |_, (values, inputs, pairs)| {
-            prepare(values, inputs, pairs)
+        super::each_on_pool(&mut work, |index, (inputs, pairs)| {
+            prepare(2 * index, inputs, pairs)
         });
     }
 
@@ -809,9 +870,40 @@ impl InputBlock {
 /// and 0.42-0.47 in place, with the matmuls no slower (alternated runs).
 const ROWS_PREPARED_IN_PLACE: usize = 4;
 
-/// Two rows' values, their input blocks and their pair blocks (none when
-/// the kernel takes rows one at a time), prepared by one thread.
-type TwoRows<'a> = (&'a [f32], &'a mut [InputBlock], &'a mut [PairBlock]);
+/// Two rows' input blocks and their pair blocks (none when the kernel
+/// takes rows one at a time), prepared by one thread.
+type TwoRows<'a> = (&'a mut [InputBlock], &'a mut [PairBlock]);
+
+/// The rows a matmul multiplies, `width` values each.
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    Values(&'a [f32]),
+    /// Each row is `silu(gate) · up` of these rows.
+    Swiglu(&'a [f32], &'a [f32]),
+}
+
+impl<'a> Input<'a> {
+    /// Row `row`: in place, or computed into `scratch`.
+    fn row<'s>(self, row: usize, width: usize, scratch: &'s mut Vec<f32>) -> &'s [f32]
+    where
+        'a: 's,
+    {
+        let span = row * width..(row + 1) * width;
+        match self {
+            Input::Values(values) => &values[span],
+            Input::Swiglu(gates, ups) => {
+                scratch.clear();
+                scratch.reserve(width);
+                let out = &mut scratch.spare_capacity_mut()[..width];
+                super::swiglu_values(&gates[span.clone()], &ups[span], out);
+                // SAFETY: `swiglu_values` wrote all `width` values of `out`,
+                // its gates and ups being as many.
+                unsafe { scratch.set_len(width) };
+                scratch
+            }
+        }
+    }
+}
 
 /// Input pairs multiplied with one unpacked group block by the
 /// [`kernel::pairs`] kernels.
@@ -1014,10 +1106,7 @@ mod kernel {
                 let v = unsafe { _mm256_loadu_ps(eight.as_ptr()) };
                 largest = _mm256_max_ps(largest, _mm256_and_ps(v, magnitude));
             }
-            let mut lanes = [0f32; 8];
-            // SAFETY: `lanes` holds eight floats.
-            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), largest) };
-            let scale = lanes.iter().fold(0f32, |m, v| m.max(*v)) / 127.0;
+            let scale = largest_lane(largest) / 127.0;
             let inverse = _mm256_set1_ps(if scale > 0.0 { 1.0 / scale } else { 0.0 });
             for (values, block) in values.chunks_exact(32).zip(blocks) {
                 let q: [__m256i; 4] = std::array::from_fn(|i| {
@@ -1028,13 +1117,8 @@ mod kernel {
                         { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
                     >(scaled))
                 });
-                let mut halves = [0i32; 16];
-                // SAFETY: `halves` holds sixteen integers.
-                unsafe {
-                    let at = halves.as_mut_ptr();
-                    _mm256_storeu_si256(at.cast(), _mm256_add_epi32(q[0], q[1]));
-                    _mm256_storeu_si256(at.add(8).cast(), _mm256_add_epi32(q[2], q[3]));
-                }
+                let halves =
+                    half_totals(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
                 // Packing works within 128-bit halves; the permutation puts
                 // the four groups of each half back in order.
                 let packed = _mm256_packs_epi16(
@@ -1046,10 +1130,39 @@ mod kernel {
                 // SAFETY: `quants` holds 32 bytes.
                 unsafe { _mm256_storeu_si256(block.quants.as_mut_ptr().cast(), ordered) };
                 block.scale = scale;
-                // A half's sum is at most 16 · 127 in magnitude.
-                block.halves = [0, 1].map(|h| halves[8 * h..8 * h + 8].iter().sum::<i32>() as i16);
+                block.halves = halves;
             }
         }
+    }
+
+    /// The largest of `v`'s lanes. A maximum is exact, so the order in
+    /// which lanes meet does not change it; one lane at a time with
+    /// `f32::max`, this and the half totals took most of a quantization.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn largest_lane(v: __m256) -> f32 {
+        let four = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let two = _mm_max_ps(four, _mm_movehl_ps(four, four));
+        let one = _mm_max_ss(two, _mm_movehdup_ps(two));
+        _mm_cvtss_f32(one)
+    }
+
+    /// The totals of the eight lanes of `first` and of `second`. A half's
+    /// total is at most 16 · 127 in magnitude, so it fits its `i16`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn half_totals(first: __m256i, second: __m256i) -> [i16; 2] {
+        // Lanes 0-1 (and 4-5) hold pairs of `first`, lanes 2-3 (6-7) of `second`.
+        let pairs = _mm256_hadd_epi32(first, second);
+        let fours = _mm256_hadd_epi32(pairs, pairs);
+        let totals = _mm_add_epi32(
+            _mm256_castsi256_si128(fours),
+            _mm256_extracti128_si256::<1>(fours),
+        );
+        [
+            _mm_cvtsi128_si32(totals) as i16,
+            _mm_extract_epi32::<1>(totals) as i16,
+        ]
     }
 
     /// Eight f16 at `at`, widened.
@@ -1950,6 +2063,45 @@ mod tests {
         let x = inputs(2, 64);
         assert!(matmul.forward_onto(&x, &inputs(3, 40)).is_err());
         assert!(matmul.forward_onto(&x, &inputs(2, 32)).is_err());
+    }
+
+    #[test]
+    fn a_swiglu_quantized_as_it_is_computed_gives_the_bits_of_one_computed_first() {
+        for (dtype, width) in [(GgmlDType::Q4_1, 64), (GgmlDType::Q4K, 256)] {
+            let Some(matmul) = InterleavedMatmul::new(&weight(40, width, dtype)) else {
+                return;
+            };
+            // One row, one job of two in place, and jobs on the pool.
+            for rows in [1, 2, 5, 19] {
+                let gate = inputs(rows, width);
+                let up = (inputs(rows, width).sin().unwrap() * 2.0).unwrap();
+                let residual = inputs(rows, 40);
+                let mut computed = Vec::with_capacity(rows * width);
+                let (gates, ups) = (values(&gate), values(&up));
+                super::super::swiglu_values(&gates, &ups, computed.spare_capacity_mut());
+                // SAFETY: `swiglu_values` wrote every value: the gates and
+                // ups are as many as the room.
+                unsafe { computed.set_len(rows * width) };
+                let computed = Tensor::from_vec(computed, (1, rows, width), &Device::Cpu).unwrap();
+                let expected = matmul.forward_onto(&computed, &residual).unwrap();
+                let got = matmul.swiglu_onto(&gate, &up, &residual).unwrap().unwrap();
+                assert_eq!(values(&got), values(&expected), "{dtype:?}, {rows} rows");
+            }
+        }
+        let Some(matmul) = InterleavedMatmul::new(&weight(40, 64, GgmlDType::Q4_1)) else {
+            return;
+        };
+        let (gate, residual) = (inputs(2, 64), inputs(2, 40));
+        let half = gate.to_dtype(DType::F16).unwrap();
+        assert!(matmul
+            .swiglu_onto(&half, &half, &residual)
+            .unwrap()
+            .is_none());
+        assert!(matmul
+            .swiglu_onto(&gate, &inputs(3, 64), &residual)
+            .unwrap()
+            .is_none());
+        assert!(matmul.swiglu_onto(&gate, &gate, &inputs(3, 40)).is_err());
     }
 
     #[test]

@@ -41,6 +41,20 @@ fn each_on_pool<T: Send>(items: &mut [T], f: impl Fn(usize, &mut T) + Sync) {
     });
 }
 
+/// `silu(g) · u` of each gate `g` and up `u` into `out`, every value of
+/// which is written when there are as many gates and ups; in vector
+/// registers where the CPU has them.
+fn swiglu_values(gates: &[f32], ups: &[f32], out: &mut [MaybeUninit<f32>]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2, FMA and F16C.
+        return unsafe { exp::swiglu(gates, ups, out) };
+    }
+    for ((out, &g), &u) in out.iter_mut().zip(gates).zip(ups) {
+        out.write(g / (1.0 + (-g).exp()) * u);
+    }
+}
+
 /// A vector of `len` values that `write` fills chunk by chunk, `chunk`
 /// values a call, on candle's pool when `on_pool` and there is more than
 /// one chunk. The memory is not cleared first: clearing the outputs of a

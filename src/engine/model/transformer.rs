@@ -6,7 +6,7 @@
 
 use super::attention::{batch_attention, prompt_attention};
 use super::weights::{Embedding, Linear, Pass, PrefillWeights, Projections, WeightFile};
-use super::{cpu_values, each_on_pool, written, Config};
+use super::{cpu_values, each_on_pool, swiglu_values, written, Config};
 use crate::engine::kv_cache::{KvCache, KvDtype};
 use crate::error::{CandleContext, Result};
 use candle_core::{DType, Device, Tensor};
@@ -556,8 +556,12 @@ impl Mlp {
         pass: Pass,
     ) -> candle_core::Result<Tensor> {
         let [gate, up] = outputs(self.gate_up.forward(x, pass)?)?;
-        self.down_proj
-            .forward_onto(&swiglu(&gate, &up)?, residual, pass)
+        match self.down_proj.swiglu_onto(&gate, &up, residual, pass)? {
+            Some(sum) => Ok(sum),
+            None => self
+                .down_proj
+                .forward_onto(&swiglu(&gate, &up)?, residual, pass),
+        }
     }
 }
 
@@ -687,19 +691,6 @@ fn sums_of_squares<const N: usize>(rows: &[f32], width: usize, sums: &mut [f32])
 /// here for the CPU read them.
 fn f32_on_cpu(t: &Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == DType::F32
-}
-
-/// [`swiglu`] of slices into `out`, every value of which is written when
-/// there are as many gates and ups; in vector registers where the CPU has them.
-fn swiglu_values(gates: &[f32], ups: &[f32], out: &mut [MaybeUninit<f32>]) {
-    #[cfg(target_arch = "x86_64")]
-    if super::has_avx2_fma_f16c() {
-        // SAFETY: the CPU has AVX2, FMA and F16C.
-        return unsafe { super::exp::swiglu(gates, ups, out) };
-    }
-    for ((out, &g), &u) in out.iter_mut().zip(gates).zip(ups) {
-        out.write(g / (1.0 + (-g).exp()) * u);
-    }
 }
 
 impl Rope {

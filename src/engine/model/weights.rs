@@ -140,6 +140,28 @@ impl Linear {
         }
     }
 
+    /// `residual + forward(silu(gate) · up, pass)` where prism's kernel
+    /// takes the product and `gate` and `up` are f32 on the CPU: the kernel
+    /// quantizes each row's SwiGLU as it computes it, so the elementwise
+    /// product is neither written out nor a pass of its own. `None` where
+    /// the caller has to compute the SwiGLU first.
+    pub(crate) fn swiglu_onto(
+        &self,
+        gate: &Tensor,
+        up: &Tensor,
+        residual: &Tensor,
+        pass: Pass,
+    ) -> candle_core::Result<Option<Tensor>> {
+        match (&self.weight, &self.bias) {
+            (DecodeWeight::Interleaved(weight), None)
+                if self.takes_kernel(pass) && residual.device().is_cpu() =>
+            {
+                weight.swiglu_onto(gate, up, residual)
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// Whether [`Linear::forward`] multiplies a `pass` with the decode
     /// weight: a dense copy, where there is one, serves prompts.
     fn takes_kernel(&self, pass: Pass) -> bool {
