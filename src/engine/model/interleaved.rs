@@ -506,8 +506,8 @@ impl InterleavedMatmul {
         let tile_rows = if paired { 2 * PAIR_TILE } else { TILE };
         // Groups are split among the cores in runs, and each run writes the
         // columns of its own groups.
-        let run = groups.div_ceil(32);
-        candle_core::utils::barrier_pool().execute_chunked(groups.div_ceil(run), |indices| {
+        let run = groups.div_ceil(RUNS);
+        super::claimed_on_pool(groups.div_ceil(run), |indices| {
             let mut tile_out = [0f32; 2 * PAIR_TILE * GROUP];
             for index in indices {
                 for g in index * run..groups.min((index + 1) * run) {
@@ -869,6 +869,10 @@ impl InputBlock {
 /// sequences spent 0.49-0.88 ms preparing its matmuls' inputs on the pool
 /// and 0.42-0.47 in place, with the matmuls no slower (alternated runs).
 const ROWS_PREPARED_IN_PLACE: usize = 4;
+
+/// Runs of groups a matmul's columns are split into for the pool's threads
+/// to claim.
+const RUNS: usize = 64;
 
 /// Two rows' input blocks and their pair blocks (none when the kernel
 /// takes rows one at a time), prepared by one thread.
