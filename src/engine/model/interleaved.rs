@@ -899,7 +899,7 @@ impl<'a> Input<'a> {
                 scratch.clear();
                 scratch.reserve(width);
                 let out = &mut scratch.spare_capacity_mut()[..width];
-                super::swiglu_values(&gates[span.clone()], &ups[span], out);
+                super::rowwise::swiglu_values(&gates[span.clone()], &ups[span], out);
                 // SAFETY: `swiglu_values` wrote all `width` values of `out`,
                 // its gates and ups being as many.
                 unsafe { scratch.set_len(width) };
@@ -2082,7 +2082,7 @@ mod tests {
                 let residual = inputs(rows, 40);
                 let mut computed = Vec::with_capacity(rows * width);
                 let (gates, ups) = (values(&gate), values(&up));
-                super::super::swiglu_values(&gates, &ups, computed.spare_capacity_mut());
+                super::super::rowwise::swiglu_values(&gates, &ups, computed.spare_capacity_mut());
                 // SAFETY: `swiglu_values` wrote every value: the gates and
                 // ups are as many as the room.
                 unsafe { computed.set_len(rows * width) };

@@ -9,6 +9,7 @@ mod attention;
 #[cfg(target_arch = "x86_64")]
 mod exp;
 mod interleaved;
+mod rowwise;
 mod transformer;
 mod weights;
 
@@ -71,20 +72,6 @@ fn claimed_on_pool(items: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
             }
         }
     });
-}
-
-/// `silu(g) · u` of each gate `g` and up `u` into `out`, every value of
-/// which is written when there are as many gates and ups; in vector
-/// registers where the CPU has them.
-fn swiglu_values(gates: &[f32], ups: &[f32], out: &mut [MaybeUninit<f32>]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma_f16c() {
-        // SAFETY: the CPU has AVX2, FMA and F16C.
-        return unsafe { exp::swiglu(gates, ups, out) };
-    }
-    for ((out, &g), &u) in out.iter_mut().zip(gates).zip(ups) {
-        out.write(g / (1.0 + (-g).exp()) * u);
-    }
 }
 
 /// A vector of `len` values that `write` fills chunk by chunk, `chunk`
