@@ -21,6 +21,7 @@
 //! reordered copy replaces the file's bytes: the same size for Q4_1, Q8_0 and
 //! Q6_K, 3% larger for Q4_K (unpacked scales).
 
+use super::rowwise::{f32_on_cpu, normalize_rows, swiglu_values};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Result, Tensor};
 use std::cell::RefCell;
@@ -400,7 +401,6 @@ impl InterleavedMatmul {
         up: &Tensor,
         residual: &Tensor,
     ) -> Result<Option<Tensor>> {
-        let f32_on_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == DType::F32;
         if !(f32_on_cpu(gate) && f32_on_cpu(up)) || gate.shape() != up.shape() {
             return Ok(None);
         }
@@ -416,6 +416,33 @@ impl InterleavedMatmul {
         let parts =
             self.multiply_input(input, seq, &[self.rows], Some(super::cpu_values(&added)?))?;
         Self::one_part(parts).map(Some)
+    }
+
+    /// [`InterleavedMatmul::forward_parts`] of the RMS norm of `x`'s rows
+    /// scaled by `alpha`, each row normed where it is quantized, by the
+    /// thread that quantizes it, to the bits of [`rms_norm`]. `None` unless
+    /// `x` and `alpha` are f32 on the CPU and `alpha` is as wide as a row.
+    ///
+    /// [`rms_norm`]: super::rowwise::rms_norm
+    pub(crate) fn forward_parts_normed(
+        &self,
+        x: &Tensor,
+        alpha: &Tensor,
+        eps: f32,
+        widths: &[usize],
+    ) -> Result<Option<Vec<Tensor>>> {
+        if !(f32_on_cpu(x) && f32_on_cpu(alpha)) || alpha.dims() != [self.width] {
+            return Ok(None);
+        }
+        let seq = self.input_rows(x)?;
+        let (x, alpha) = (x.contiguous()?, alpha.contiguous()?);
+        let (rows, alpha) = (x.storage_and_layout(), alpha.storage_and_layout());
+        let input = Input::Normed {
+            rows: super::cpu_values(&rows)?,
+            alpha: super::cpu_values(&alpha)?,
+            eps,
+        };
+        self.multiply_input(input, seq, widths, None).map(Some)
     }
 
     /// The rows of `x` `(1, seq, width)`, once its width is checked.
@@ -573,7 +600,7 @@ impl InterleavedMatmul {
             .sum::<usize>();
         let in_place = match input {
             Input::Values(_) => rows <= ROWS_PREPARED_IN_PLACE,
-            Input::Swiglu(..) => work.len() == 1,
+            Input::Swiglu(..) | Input::Normed { .. } => work.len() == 1,
         };
         if in_place {
             for (index, (inputs, pairs)) in work.iter_mut().enumerate() {
@@ -884,6 +911,12 @@ enum Input<'a> {
     Values(&'a [f32]),
     /// Each row is `silu(gate) · up` of these rows.
     Swiglu(&'a [f32], &'a [f32]),
+    /// Each row is the RMS norm of one of `rows`, scaled by `alpha`.
+    Normed {
+        rows: &'a [f32],
+        alpha: &'a [f32],
+        eps: f32,
+    },
 }
 
 impl<'a> Input<'a> {
@@ -895,18 +928,37 @@ impl<'a> Input<'a> {
         let span = row * width..(row + 1) * width;
         match self {
             Input::Values(values) => &values[span],
-            Input::Swiglu(gates, ups) => {
-                scratch.clear();
-                scratch.reserve(width);
-                let out = &mut scratch.spare_capacity_mut()[..width];
-                super::rowwise::swiglu_values(&gates[span.clone()], &ups[span], out);
-                // SAFETY: `swiglu_values` wrote all `width` values of `out`,
-                // its gates and ups being as many.
-                unsafe { scratch.set_len(width) };
-                scratch
-            }
+            // SAFETY: the SwiGLU of a row's gates and ups and the norm of a
+            // row both write every value of an output that wide.
+            Input::Swiglu(gates, ups) => unsafe {
+                filled(scratch, width, |out| {
+                    swiglu_values(&gates[span.clone()], &ups[span], out)
+                })
+            },
+            Input::Normed { rows, alpha, eps } => unsafe {
+                filled(scratch, width, |out| {
+                    normalize_rows(&rows[span], alpha, eps, out)
+                })
+            },
         }
     }
+}
+
+/// `scratch`, emptied and then `width` values long as `write` fills them.
+///
+/// # Safety
+/// `write` initializes every value of the `width` it is given.
+unsafe fn filled(
+    scratch: &mut Vec<f32>,
+    width: usize,
+    write: impl FnOnce(&mut [std::mem::MaybeUninit<f32>]),
+) -> &[f32] {
+    scratch.clear();
+    scratch.reserve(width);
+    write(&mut scratch.spare_capacity_mut()[..width]);
+    // SAFETY: as the caller promises.
+    unsafe { scratch.set_len(width) };
+    scratch
 }
 
 /// Input pairs multiplied with one unpacked group block by the
@@ -2082,7 +2134,7 @@ mod tests {
                 let residual = inputs(rows, 40);
                 let mut computed = Vec::with_capacity(rows * width);
                 let (gates, ups) = (values(&gate), values(&up));
-                super::super::rowwise::swiglu_values(&gates, &ups, computed.spare_capacity_mut());
+                super::swiglu_values(&gates, &ups, computed.spare_capacity_mut());
                 // SAFETY: `swiglu_values` wrote every value: the gates and
                 // ups are as many as the room.
                 unsafe { computed.set_len(rows * width) };
@@ -2106,6 +2158,47 @@ mod tests {
             .unwrap()
             .is_none());
         assert!(matmul.swiglu_onto(&gate, &gate, &inputs(3, 40)).is_err());
+    }
+
+    #[test]
+    fn a_norm_quantized_as_it_is_computed_gives_the_bits_of_one_computed_first() {
+        for (dtype, width) in [(GgmlDType::Q4_1, 64), (GgmlDType::Q4K, 256)] {
+            let Some(matmul) = InterleavedMatmul::new(&weight(40, width, dtype)) else {
+                return;
+            };
+            let alpha = (inputs(1, width).cos().unwrap() + 1.5)
+                .unwrap()
+                .flatten_all()
+                .unwrap();
+            // One row, one job of two in place, and jobs on the pool.
+            for rows in [1, 2, 5, 19] {
+                let x = inputs(rows, width);
+                let normed = super::super::rowwise::rms_norm(&x, &alpha, 1e-5).unwrap();
+                let expected = matmul.forward_parts(&normed, &[16, 24]).unwrap();
+                let got = matmul
+                    .forward_parts_normed(&x, &alpha, 1e-5, &[16, 24])
+                    .unwrap()
+                    .unwrap();
+                for (got, expected) in got.iter().zip(&expected) {
+                    assert_eq!(values(got), values(expected), "{dtype:?}, {rows} rows");
+                }
+            }
+        }
+        let Some(matmul) = InterleavedMatmul::new(&weight(40, 64, GgmlDType::Q4_1)) else {
+            return;
+        };
+        let x = inputs(2, 64);
+        let alpha = inputs(1, 64).flatten_all().unwrap();
+        let half = alpha.to_dtype(DType::F16).unwrap();
+        let normed = |alpha: &Tensor| matmul.forward_parts_normed(&x, alpha, 1e-5, &[40]);
+        assert!(normed(&half).unwrap().is_none());
+        assert!(normed(&inputs(1, 32).flatten_all().unwrap())
+            .unwrap()
+            .is_none());
+        // A row narrower than the weight is an error, not a fall back.
+        assert!(matmul
+            .forward_parts_normed(&inputs(2, 32), &alpha, 1e-5, &[40])
+            .is_err());
     }
 
     #[test]

@@ -369,10 +369,10 @@ impl Transformer {
         let eps = c.rms_norm_eps as f32;
         let scale = 1.0 / (c.head_dim as f64).sqrt();
         for (layer, block) in self.blocks.iter().enumerate() {
-            let normed = rms_norm(&x, &block.input_layernorm, eps)?;
             let attn = &block.self_attn;
+            let norm = (&block.input_layernorm, eps);
             // (rows, heads, 1, head_dim), a reshape of the projection's rows.
-            let [q, k, v] = outputs(attn.qkv.forward(&normed, pass)?)?;
+            let [q, k, v] = outputs(attn.qkv.forward_normed(&x, norm, pass)?)?;
             let by_head = |t: Tensor, heads: usize| t.reshape((count, heads, 1, c.head_dim));
             let (q, k) = (by_head(q, c.heads)?, by_head(k, c.kv_heads)?);
             let (q, k) = self.rope.turn_rows(&q, &k, &cos, &sin)?;
@@ -380,8 +380,9 @@ impl Transformer {
             let sequences = append_runs(layer, caches, &run_lengths, (&k, &v))?;
             let attended = batch_attention(&q, &sequences, &run_lengths, scale)?;
             x = attn.o_proj.forward_onto(&attended, &x, pass)?;
-            let normed = rms_norm(&x, &block.post_attention_layernorm, eps)?;
-            x = block.mlp.forward_onto(&normed, &x, pass)?;
+            x = block
+                .mlp
+                .forward_onto(&x, (&block.post_attention_layernorm, eps), pass)?;
         }
         Ok(x)
     }
@@ -442,22 +443,24 @@ impl Transformer {
         let (cos, sin) = self.rope.at(start, tokens.len())?;
         let eps = self.config.rms_norm_eps as f32;
         for (layer, block) in self.blocks.iter().enumerate() {
-            let normed = rms_norm(&x, &block.input_layernorm, eps)?;
             let rope = (&cos, &sin);
             let attn = &block.self_attn;
-            x = self.attention(attn, &normed, &x, (layer, cache), rope, pass)?;
-            let normed = rms_norm(&x, &block.post_attention_layernorm, eps)?;
-            x = block.mlp.forward_onto(&normed, &x, pass)?;
+            let norm = (&block.input_layernorm, eps);
+            x = self.attention(attn, &x, norm, (layer, cache), rope, pass)?;
+            x = block
+                .mlp
+                .forward_onto(&x, (&block.post_attention_layernorm, eps), pass)?;
         }
         Ok(x)
     }
 
-    /// `residual` plus the attention of the normed hidden states `x`.
+    /// The hidden states `x` plus the attention of their RMS norm, scaled
+    /// by `norm`'s weight.
     fn attention(
         &self,
         attn: &Attention,
         x: &Tensor,
-        residual: &Tensor,
+        norm: (&Tensor, f32),
         (layer, cache): (usize, &mut KvCache),
         (cos, sin): (&Tensor, &Tensor),
         pass: Pass,
@@ -465,7 +468,7 @@ impl Transformer {
         let c = &self.config;
         let seq = x.dim(1)?;
         // 1. Project: (1, seq, heads * head_dim).
-        let [q, k, v] = outputs(attn.qkv.forward(x, pass)?)?;
+        let [q, k, v] = outputs(attn.qkv.forward_normed(x, norm, pass)?)?;
         // 2. Split heads: (1, heads, seq, head_dim).
         let heads_first = |t: Tensor, heads: usize| {
             t.reshape((1, seq, heads, c.head_dim))?
@@ -484,7 +487,7 @@ impl Transformer {
             .map_err(candle_core::Error::wrap)?;
         let scale = 1.0 / (c.head_dim as f64).sqrt();
         let out = prompt_attention(&q, &keys, &values, scale)?;
-        attn.o_proj.forward_onto(&out, residual, pass)
+        attn.o_proj.forward_onto(&out, x, pass)
     }
 }
 
@@ -548,19 +551,18 @@ fn append_runs(
 }
 
 impl Mlp {
-    /// `residual` plus the block's feed-forward output for `x`.
+    /// The hidden states `x` plus the block's feed-forward output for their
+    /// RMS norm, scaled by `norm`'s weight.
     fn forward_onto(
         &self,
         x: &Tensor,
-        residual: &Tensor,
+        norm: (&Tensor, f32),
         pass: Pass,
     ) -> candle_core::Result<Tensor> {
-        let [gate, up] = outputs(self.gate_up.forward(x, pass)?)?;
-        match self.down_proj.swiglu_onto(&gate, &up, residual, pass)? {
+        let [gate, up] = outputs(self.gate_up.forward_normed(x, norm, pass)?)?;
+        match self.down_proj.swiglu_onto(&gate, &up, x, pass)? {
             Some(sum) => Ok(sum),
-            None => self
-                .down_proj
-                .forward_onto(&swiglu(&gate, &up)?, residual, pass),
+            None => self.down_proj.forward_onto(&swiglu(&gate, &up)?, x, pass),
         }
     }
 }

@@ -13,6 +13,7 @@
 //!   [`PrefillWeights::Dense`] is chosen, for every weight candle multiplies.
 
 use super::interleaved::{InterleavedMatmul, Interleaver, GROUP};
+use super::rowwise::rms_norm;
 use crate::error::{CandleContext, Error, Result};
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::safetensors::MmapedSafetensors;
@@ -90,25 +91,11 @@ impl Linear {
         pass: Pass,
         widths: &[usize],
     ) -> candle_core::Result<Vec<Tensor>> {
-        let whole_groups = widths.iter().all(|w| w % GROUP == 0);
-        let mut start = 0;
-        match &self.weight {
-            DecodeWeight::Interleaved(weight) if whole_groups && self.takes_kernel(pass) => {
-                let parts = weight.forward_parts(x, widths)?;
-                let Some(bias) = &self.bias else {
-                    return Ok(parts);
-                };
-                parts
-                    .iter()
-                    .zip(widths)
-                    .map(|(part, &width)| {
-                        start += width;
-                        part.broadcast_add(&bias.narrow(0, start - width, width)?)
-                    })
-                    .collect()
-            }
-            _ => {
+        match self.kernel_for_parts(pass, widths) {
+            Some(weight) => self.with_bias(weight.forward_parts(x, widths)?, widths),
+            None => {
                 let whole = self.forward(x, pass)?;
+                let mut start = 0;
                 // Each part is copied out whole: the elementwise ops that
                 // follow run several times faster on contiguous tensors.
                 widths
@@ -120,6 +107,53 @@ impl Linear {
                     .collect()
             }
         }
+    }
+
+    /// [`Linear::forward_parts`] of `x`'s RMS norm scaled by `alpha`. Where
+    /// prism's kernel takes the product, each row is normed by the thread
+    /// that quantizes it, so the norm is neither a tensor written and read
+    /// back nor work left to the batch's thread while the pool waits.
+    pub(crate) fn forward_parts_normed(
+        &self,
+        x: &Tensor,
+        (alpha, eps): (&Tensor, f32),
+        pass: Pass,
+        widths: &[usize],
+    ) -> candle_core::Result<Vec<Tensor>> {
+        if let Some(weight) = self.kernel_for_parts(pass, widths) {
+            if let Some(parts) = weight.forward_parts_normed(x, alpha, eps, widths)? {
+                return self.with_bias(parts, widths);
+            }
+        }
+        self.forward_parts(&rms_norm(x, alpha, eps)?, pass, widths)
+    }
+
+    /// prism's kernel, where it computes a `pass` in parts of `widths`.
+    fn kernel_for_parts(&self, pass: Pass, widths: &[usize]) -> Option<&InterleavedMatmul> {
+        match &self.weight {
+            DecodeWeight::Interleaved(weight)
+                if widths.iter().all(|w| w % GROUP == 0) && self.takes_kernel(pass) =>
+            {
+                Some(weight)
+            }
+            _ => None,
+        }
+    }
+
+    /// `parts` of `widths` columns with the bias's columns added, if any.
+    fn with_bias(&self, parts: Vec<Tensor>, widths: &[usize]) -> candle_core::Result<Vec<Tensor>> {
+        let Some(bias) = &self.bias else {
+            return Ok(parts);
+        };
+        let mut start = 0;
+        parts
+            .iter()
+            .zip(widths)
+            .map(|(part, &width)| {
+                start += width;
+                part.broadcast_add(&bias.narrow(0, start - width, width)?)
+            })
+            .collect()
     }
 
     /// `residual + forward(x, pass)`, which prism's kernel writes in one
@@ -530,14 +564,25 @@ impl Projections {
         }
     }
 
-    /// Each projection of `x` `(1, seq, in)`, in the order they were read.
-    pub(crate) fn forward(&self, x: &Tensor, pass: Pass) -> candle_core::Result<Vec<Tensor>> {
+    /// Each projection of the RMS norm of `x` `(1, seq, in)` scaled by
+    /// `norm`'s weight, in the order they were read.
+    pub(crate) fn forward_normed(
+        &self,
+        x: &Tensor,
+        norm: (&Tensor, f32),
+        pass: Pass,
+    ) -> candle_core::Result<Vec<Tensor>> {
         match self {
-            Projections::Stacked { weight, outs } => weight.forward_parts(x, pass, outs),
-            Projections::Separate(linears) => linears
-                .iter()
-                .map(|linear| linear.forward(x, pass))
-                .collect(),
+            Projections::Stacked { weight, outs } => {
+                weight.forward_parts_normed(x, norm, pass, outs)
+            }
+            Projections::Separate(linears) => {
+                let normed = rms_norm(x, norm.0, norm.1)?;
+                linears
+                    .iter()
+                    .map(|linear| linear.forward(&normed, pass))
+                    .collect()
+            }
         }
     }
 }
