@@ -362,6 +362,7 @@ impl InterleavedMatmul {
         Self::one_part(self.multiply(x, &[self.rows], added)?)
     }
 
+    /// The one part of a product computed whole.
     fn one_part(mut parts: Vec<Tensor>) -> Result<Tensor> {
         parts
             .pop()
@@ -573,8 +574,8 @@ impl InterleavedMatmul {
     /// with itself, two rows at a time. Given rows go to the pool when there
     /// are more than [`ROWS_PREPARED_IN_PLACE`], since sixteen rows on one
     /// thread took long enough for the other to park before the matmul woke
-    /// it; SwiGLU rows, whose elementwise pass the pool ran anyway, go
-    /// there whenever there are two jobs.
+    /// it. SwiGLU and normed rows, computed here instead of in a pass of
+    /// their own, go there whenever there are two jobs.
     fn prepare_inputs(&self, input: Input, inputs: &mut [InputBlock], pairs: &mut [PairBlock]) {
         let blocks = self.width / BLOCK;
         let prepare = |first_row: usize, inputs: &mut [InputBlock], pairs: &mut [PairBlock]| {
@@ -1192,8 +1193,8 @@ mod kernel {
     }
 
     /// The largest of `v`'s lanes. A maximum is exact, so the order in
-    /// which lanes meet does not change it; one lane at a time with
-    /// `f32::max`, this and the half totals took most of a quantization.
+    /// which lanes meet does not change it. Stored and folded lane by lane,
+    /// this and the half totals cost a third of a quantization's samples.
     #[inline]
     #[target_feature(enable = "avx2")]
     fn largest_lane(v: __m256) -> f32 {
