@@ -120,9 +120,10 @@ pub(crate) fn quantize_row(row: &[f32], out: &mut [u8]) -> f32 {
 }
 
 /// [`quantize_row`] in AVX2 registers, to the bits of
-/// [`quantize_row_portable`] for every value that is a number: a maximum is exact in any order, and a value
-/// rounds half away from zero as its truncation plus the truncation of
-/// twice what that left (exact for magnitudes below 2^23).
+/// [`quantize_row_portable`] for every value that is a number: a maximum is
+/// exact in any order, and a value rounds half away from zero as its
+/// truncation plus the truncation of twice what that left (exact for
+/// magnitudes below 2^23).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn quantize_row_avx2(row: &[f32], out: &mut [u8]) -> f32 {

@@ -25,6 +25,7 @@ use super::rowwise::{f32_on_cpu, normalize_rows, swiglu_values};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Result, Tensor};
 use std::cell::RefCell;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// Values per block, in weights and inputs alike.
@@ -580,8 +581,12 @@ impl InterleavedMatmul {
         let blocks = self.width / BLOCK;
         let prepare = |first_row: usize, inputs: &mut [InputBlock], pairs: &mut [PairBlock]| {
             let mut scratch = Vec::new();
-            for (r, quantized) in inputs.chunks_exact_mut(blocks).enumerate() {
-                let row = input.row(first_row + r, self.width, &mut scratch);
+            let count = inputs.len() / blocks;
+            let rows = input.rows(first_row..first_row + count, self.width, &mut scratch);
+            for (row, quantized) in rows
+                .chunks_exact(self.width)
+                .zip(inputs.chunks_exact_mut(blocks))
+            {
                 self.quantize(row, quantized);
             }
             let (first, second) = (&inputs[..blocks], &inputs[inputs.len() - blocks..]);
@@ -589,16 +594,13 @@ impl InterleavedMatmul {
                 *pair = PairBlock::new(a, b);
             }
         };
+        let rows = inputs.len() / blocks;
         let two_rows = inputs.chunks_mut(2 * blocks);
         let mut work: Vec<TwoRows> = if pairs.is_empty() {
             two_rows.map(|inputs| (inputs, &mut [][..])).collect()
         } else {
             two_rows.zip(pairs.chunks_mut(blocks)).collect()
         };
-        let rows = work
-            .iter()
-            .map(|(inputs, _)| inputs.len() / blocks)
-            .sum::<usize>();
         let in_place = match input {
             Input::Values(_) => rows <= ROWS_PREPARED_IN_PLACE,
             Input::Swiglu(..) | Input::Normed { .. } => work.len() == 1,
@@ -921,23 +923,26 @@ enum Input<'a> {
 }
 
 impl<'a> Input<'a> {
-    /// Row `row`: in place, or computed into `scratch`.
-    fn row<'s>(self, row: usize, width: usize, scratch: &'s mut Vec<f32>) -> &'s [f32]
+    /// Rows `rows`, one after another: in place, or computed into
+    /// `scratch`, together, so that the norm adds their squares side by side.
+    fn rows<'s>(self, rows: Range<usize>, width: usize, scratch: &'s mut Vec<f32>) -> &'s [f32]
     where
         'a: 's,
     {
-        let span = row * width..(row + 1) * width;
+        let span = rows.start * width..rows.end * width;
+        let len = span.len();
         match self {
             Input::Values(values) => &values[span],
-            // SAFETY: the SwiGLU of a row's gates and ups and the norm of a
-            // row both write every value of an output that wide.
+            // SAFETY: the SwiGLU of as many gates and ups, and the norm of
+            // whole rows, write every value of their output.
             Input::Swiglu(gates, ups) => unsafe {
-                filled(scratch, width, |out| {
+                filled(scratch, len, |out| {
                     swiglu_values(&gates[span.clone()], &ups[span], out)
                 })
             },
+            // SAFETY: as above.
             Input::Normed { rows, alpha, eps } => unsafe {
-                filled(scratch, width, |out| {
+                filled(scratch, len, |out| {
                     normalize_rows(&rows[span], alpha, eps, out)
                 })
             },
@@ -945,20 +950,20 @@ impl<'a> Input<'a> {
     }
 }
 
-/// `scratch`, emptied and then `width` values long as `write` fills them.
+/// `scratch`, emptied and then `len` values long as `write` fills them.
 ///
 /// # Safety
-/// `write` initializes every value of the `width` it is given.
+/// `write` initializes every value of the `len` it is given.
 unsafe fn filled(
     scratch: &mut Vec<f32>,
-    width: usize,
+    len: usize,
     write: impl FnOnce(&mut [std::mem::MaybeUninit<f32>]),
 ) -> &[f32] {
     scratch.clear();
-    scratch.reserve(width);
-    write(&mut scratch.spare_capacity_mut()[..width]);
+    scratch.reserve(len);
+    write(&mut scratch.spare_capacity_mut()[..len]);
     // SAFETY: as the caller promises.
-    unsafe { scratch.set_len(width) };
+    unsafe { scratch.set_len(len) };
     scratch
 }
 

@@ -164,13 +164,9 @@ impl Linear {
         residual: &Tensor,
         pass: Pass,
     ) -> candle_core::Result<Tensor> {
-        match (&self.weight, &self.bias) {
-            (DecodeWeight::Interleaved(weight), None)
-                if self.takes_kernel(pass) && residual.device().is_cpu() =>
-            {
-                weight.forward_onto(x, residual)
-            }
-            _ => residual + self.forward(x, pass)?,
+        match self.kernel_onto(residual, pass) {
+            Some(weight) => weight.forward_onto(x, residual),
+            None => residual + self.forward(x, pass)?,
         }
     }
 
@@ -186,13 +182,22 @@ impl Linear {
         residual: &Tensor,
         pass: Pass,
     ) -> candle_core::Result<Option<Tensor>> {
+        match self.kernel_onto(residual, pass) {
+            Some(weight) => weight.swiglu_onto(gate, up, residual),
+            None => Ok(None),
+        }
+    }
+
+    /// prism's kernel, where it writes a `pass`'s product onto `residual`
+    /// itself: no bias to add, and the residual in the CPU's memory.
+    fn kernel_onto(&self, residual: &Tensor, pass: Pass) -> Option<&InterleavedMatmul> {
         match (&self.weight, &self.bias) {
             (DecodeWeight::Interleaved(weight), None)
                 if self.takes_kernel(pass) && residual.device().is_cpu() =>
             {
-                weight.swiglu_onto(gate, up, residual)
+                Some(weight)
             }
-            _ => Ok(None),
+            _ => None,
         }
     }
 
