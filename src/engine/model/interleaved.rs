@@ -1123,8 +1123,10 @@ mod kernel {
     /// kernels ask the cache for. A one-row decode step multiplies a Q4_1
     /// block (160 bytes) in a few nanoseconds, far less than memory takes to
     /// answer: four blocks ahead, SmolLM2 decoded 149-177 tokens/s on two
-    /// threads where twelve ahead gave 154-245 (alternated runs, f16 cache).
-    const PREFETCH_BLOCKS: usize = 12;
+    /// threads where twelve ahead gave 154-245 (alternated runs, f16 cache),
+    /// and twenty-four ahead a median of 189 against twelve's 152 (sixteen
+    /// alternated rounds on a busy host, 8-bit cache; Qwen-1.5B no slower).
+    const PREFETCH_BLOCKS: usize = 24;
 
     /// Ask for the cache lines of the group block [`PREFETCH_BLOCKS`] after
     /// the one at `at`, `bytes` long (past a group's last block, the next
