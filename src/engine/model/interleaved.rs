@@ -25,6 +25,7 @@ use super::rowwise::{f32_on_cpu, normalize_rows, swiglu_values};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Result, Tensor};
 use std::cell::RefCell;
+use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -508,112 +509,106 @@ impl InterleavedMatmul {
         PREPARED.with_borrow_mut(|(inputs, pairs)| {
             let inputs = reused(inputs, seq * blocks);
             let pairs = reused(pairs, if paired { seq.div_ceil(2) * blocks } else { 0 });
-            self.prepare_inputs(input, inputs, pairs);
-            self.multiply_prepared(inputs, pairs, widths, added)
+            let prepared = Prepared::new(inputs, pairs, blocks);
+            // Two jobs or more are prepared in the matmul's own pass of the
+            // pool. As a pass of their own, four given rows cost more on
+            // the pool than on this thread alone; in the matmul's pass,
+            // SmolLM2 decoded four sequences at a median of 492 tok/s
+            // against 441 with a pass of their own and 466 with four given
+            // rows prepared here, sixteen at 817 against 772 (six
+            // alternated rounds).
+            let pending = if prepared.jobs() == 1 {
+                // SAFETY: the only job, on this thread.
+                self.prepare_job(input, 0, unsafe { prepared.job(0) });
+                None
+            } else {
+                Some(input)
+            };
+            self.multiply_prepared(&prepared, pending, widths, added)
         })
     }
 
-    /// The product of the rows that [`InterleavedMatmul::prepare_inputs`]
-    /// laid out in `inputs` and `pairs`, for
-    /// [`InterleavedMatmul::multiply`].
+    /// The product of the rows of `prepared`, for
+    /// [`InterleavedMatmul::multiply`]; where there is a `pending` input,
+    /// the same pass of the pool first prepares its rows, two a job.
     fn multiply_prepared(
         &self,
-        inputs: &[InputBlock],
-        pairs: &[PairBlock],
+        prepared: &Prepared,
+        pending: Option<Input>,
         widths: &[usize],
         added: Option<&[f32]>,
     ) -> Result<Vec<Tensor>> {
-        let blocks = self.width / BLOCK;
-        let seq = inputs.len() / blocks;
-        let paired = !pairs.is_empty();
-        let inputs: Vec<&[InputBlock]> = inputs.chunks_exact(blocks).collect();
-        let pair_rows: Vec<&[PairBlock]> = pairs.chunks_exact(blocks).collect();
+        let (seq, blocks, paired) = (prepared.rows, prepared.blocks, prepared.paired);
         let groups = self.rows / GROUP;
         let group_bytes = self.width / self.format.values() * self.format.group_block_bytes();
         let mut parts: Vec<Vec<f32>> = widths.iter().map(|w| Vec::with_capacity(seq * w)).collect();
         let output = Output::new(&mut parts, widths, added);
         let tile_rows = if paired { 2 * PAIR_TILE } else { TILE };
+        let jobs = pending.map_or(0, |_| prepared.jobs());
+        let prepare = |job| {
+            if let Some(input) = pending {
+                // SAFETY: the pool hands each job to one thread, once.
+                self.prepare_job(input, job, unsafe { prepared.job(job) });
+            }
+        };
         // Groups are split among the cores in runs, and each run writes the
         // columns of its own groups.
         let run = groups.div_ceil(RUNS);
-        super::claimed_on_pool(groups.div_ceil(run), |indices| {
+        super::claimed_on_pool_after(jobs, prepare, groups.div_ceil(run), |indices| {
+            // SAFETY: every preparation job has finished, and none runs again.
+            let (inputs, pairs) = unsafe { prepared.all() };
+            let row = |n: usize| &inputs[n * blocks..][..blocks];
+            let pair = |p: usize| &pairs[p * blocks..][..blocks];
             let mut tile_out = [0f32; 2 * PAIR_TILE * GROUP];
             for index in indices {
                 for g in index * run..groups.min((index + 1) * run) {
                     let at = g * group_bytes;
                     let group = &self.interleaved[at..at + group_bytes];
                     let columns = output.columns(g);
-                    for (t, tile) in inputs.chunks(tile_rows).enumerate() {
+                    for first in (0..seq).step_by(tile_rows) {
+                        let count = tile_rows.min(seq - first);
                         if paired {
-                            let pairs = &pair_rows[t * PAIR_TILE..][..tile.len().div_ceil(2)];
-                            self.dot_group_pairs(group, pairs, &mut tile_out);
+                            let pairs: [&[PairBlock]; PAIR_TILE] = std::array::from_fn(|p| {
+                                pair((first / 2 + p).min(seq.div_ceil(2) - 1))
+                            });
+                            self.dot_group_pairs(group, &pairs[..count.div_ceil(2)], &mut tile_out);
                         } else {
-                            self.dot_group(group, tile, &mut tile_out);
+                            let rows: [&[InputBlock]; TILE] =
+                                std::array::from_fn(|n| row((first + n).min(seq - 1)));
+                            self.dot_group(group, &rows[..count], &mut tile_out);
                         }
-                        for (n, sums) in tile_out.chunks_exact(GROUP).take(tile.len()).enumerate() {
-                            // SAFETY: row `t·tile_rows + n` is below `seq`,
-                            // and group `g` belongs to this run alone.
-                            unsafe { columns.write(t * tile_rows + n, sums) };
+                        for (n, sums) in tile_out.chunks_exact(GROUP).take(count).enumerate() {
+                            // SAFETY: row `first + n` is below `seq`, and
+                            // group `g` belongs to this run alone.
+                            unsafe { columns.write(first + n, sums) };
                         }
                     }
                 }
             }
         });
-        parts
-            .into_iter()
-            .zip(widths)
-            .map(|(mut part, &width)| {
-                // SAFETY: the loop above wrote every row of every group once.
-                unsafe { part.set_len(seq * width) };
-                Tensor::from_vec(part, (1, seq, width), &Device::Cpu)
-            })
-            .collect()
+        // SAFETY: the loop above wrote every row of every group once.
+        unsafe { written(parts, widths, seq) }
     }
 
-    /// Quantize the rows of `input` onto `inputs`, and where `pairs` is not
-    /// empty lay out each two rows as [`PairBlock`]s, an odd last row paired
-    /// with itself, two rows at a time. Given rows go to the pool when there
-    /// are more than [`ROWS_PREPARED_IN_PLACE`], since sixteen rows on one
-    /// thread took long enough for the other to park before the matmul woke
-    /// it. SwiGLU and normed rows, computed here instead of in a pass of
-    /// their own, go there whenever there are two jobs.
-    fn prepare_inputs(&self, input: Input, inputs: &mut [InputBlock], pairs: &mut [PairBlock]) {
+    /// Quantize rows `2·job` and `2·job + 1` of `input` (one, for an odd
+    /// last) onto their input blocks, and where there are pair blocks lay
+    /// the two out as pair blocks, an odd last row paired with itself.
+    fn prepare_job(&self, input: Input, job: usize, (inputs, pairs): TwoRows) {
         let blocks = self.width / BLOCK;
-        let prepare = |first_row: usize, inputs: &mut [InputBlock], pairs: &mut [PairBlock]| {
-            let mut scratch = Vec::new();
-            let count = inputs.len() / blocks;
-            let rows = input.rows(first_row..first_row + count, self.width, &mut scratch);
-            for (row, quantized) in rows
-                .chunks_exact(self.width)
-                .zip(inputs.chunks_exact_mut(blocks))
-            {
-                self.quantize(row, quantized);
-            }
-            let (first, second) = (&inputs[..blocks], &inputs[inputs.len() - blocks..]);
-            for (pair, (a, b)) in pairs.iter_mut().zip(first.iter().zip(second)) {
-                *pair = PairBlock::new(a, b);
-            }
-        };
-        let rows = inputs.len() / blocks;
-        let two_rows = inputs.chunks_mut(2 * blocks);
-        let mut work: Vec<TwoRows> = if pairs.is_empty() {
-            two_rows.map(|inputs| (inputs, &mut [][..])).collect()
-        } else {
-            two_rows.zip(pairs.chunks_mut(blocks)).collect()
-        };
-        let in_place = match input {
-            Input::Values(_) => rows <= ROWS_PREPARED_IN_PLACE,
-            Input::Swiglu(..) | Input::Normed { .. } => work.len() == 1,
-        };
-        if in_place {
-            for (index, (inputs, pairs)) in work.iter_mut().enumerate() {
-                prepare(2 * index, inputs, pairs);
-            }
-            return;
+        let first_row = 2 * job;
+        let mut scratch = Vec::new();
+        let count = inputs.len() / blocks;
+        let rows = input.rows(first_row..first_row + count, self.width, &mut scratch);
+        for (row, quantized) in rows
+            .chunks_exact(self.width)
+            .zip(inputs.chunks_exact_mut(blocks))
+        {
+            self.quantize(row, quantized);
         }
-        super::each_on_pool(&mut work, |index, (inputs, pairs)| {
-            prepare(2 * index, inputs, pairs)
-        });
+        let (first, second) = (&inputs[..blocks], &inputs[inputs.len() - blocks..]);
+        for (pair, (a, b)) in pairs.iter_mut().zip(first.iter().zip(second)) {
+            *pair = PairBlock::new(a, b);
+        }
     }
 
     /// [`quantize`], in vector instructions where the kernels run, with one
@@ -691,6 +686,103 @@ fn reused<T: Clone + Default>(buffer: &mut Vec<T>, len: usize) -> &mut [T] {
         buffer.resize(len, T::default());
     }
     &mut buffer[..len]
+}
+
+/// The `parts` of a matmul's output as `(1, seq, width)` tensors.
+///
+/// # Safety
+/// Every part's first `seq · width` values are written.
+unsafe fn written(parts: Vec<Vec<f32>>, widths: &[usize], seq: usize) -> Result<Vec<Tensor>> {
+    parts
+        .into_iter()
+        .zip(widths)
+        .map(|(mut part, &width)| {
+            // SAFETY: as the caller promises.
+            unsafe { part.set_len(seq * width) };
+            Tensor::from_vec(part, (1, seq, width), &Device::Cpu)
+        })
+        .collect()
+}
+
+/// A matmul's prepared input rows: written two rows a job, each job by one
+/// thread, and then read by every thread that multiplies them, in one pass
+/// of the pool.
+struct Prepared<'a> {
+    inputs: *mut InputBlock,
+    pairs: *mut PairBlock,
+    /// Input rows, each `blocks` input blocks.
+    rows: usize,
+    blocks: usize,
+    /// Whether each two rows also have `blocks` pair blocks.
+    paired: bool,
+    buffers: PhantomData<(&'a mut [InputBlock], &'a mut [PairBlock])>,
+}
+
+// SAFETY: threads write through the pointers only to the rows of a job of
+// their own, and read them only once every job is done (see the methods).
+unsafe impl Sync for Prepared<'_> {}
+
+impl<'a> Prepared<'a> {
+    /// The rows of `inputs`, `blocks` blocks each, and of `pairs` where it
+    /// is not empty.
+    fn new(inputs: &'a mut [InputBlock], pairs: &'a mut [PairBlock], blocks: usize) -> Self {
+        Prepared {
+            rows: inputs.len() / blocks,
+            blocks,
+            paired: !pairs.is_empty(),
+            inputs: inputs.as_mut_ptr(),
+            pairs: pairs.as_mut_ptr(),
+            buffers: PhantomData,
+        }
+    }
+
+    /// Jobs of two rows, the last of one where the rows are odd.
+    fn jobs(&self) -> usize {
+        self.rows.div_ceil(2)
+    }
+
+    /// Job `job`'s input blocks and pair blocks (none unless paired).
+    ///
+    /// # Safety
+    /// `job` is below [`Prepared::jobs`], and no other reference to its
+    /// rows lives while these do.
+    unsafe fn job(&self, job: usize) -> TwoRows<'_> {
+        let first = 2 * job;
+        let count = (self.rows - first).min(2);
+        // SAFETY: as the caller promises, inside the buffers.
+        unsafe {
+            let inputs = std::slice::from_raw_parts_mut(
+                self.inputs.add(first * self.blocks),
+                count * self.blocks,
+            );
+            let pairs = match self.paired {
+                true => {
+                    std::slice::from_raw_parts_mut(self.pairs.add(job * self.blocks), self.blocks)
+                }
+                false => &mut [],
+            };
+            (inputs, pairs)
+        }
+    }
+
+    /// Every row's input blocks, and pair blocks.
+    ///
+    /// # Safety
+    /// No job's rows are borrowed mutably while these live.
+    unsafe fn all(&self) -> (&[InputBlock], &[PairBlock]) {
+        let pairs = if self.paired {
+            self.jobs() * self.blocks
+        } else {
+            0
+        };
+        // SAFETY: as the caller promises; the buffers hold these many.
+        unsafe {
+            (
+                std::slice::from_raw_parts(self.inputs, self.rows * self.blocks),
+                std::slice::from_raw_parts(self.pairs, pairs),
+            )
+        }
+    }
 }
 
 /// A matmul's output, parts of `(seq, width)` side by side by columns,
@@ -893,12 +985,6 @@ impl InputBlock {
         i32::from(self.halves[0]) + i32::from(self.halves[1])
     }
 }
-
-/// Input rows a matmul prepares on its calling thread. Handing four rows to
-/// the pool cost more than preparing them: a SmolLM2 decode step of four
-/// sequences spent 0.49-0.88 ms preparing its matmuls' inputs on the pool
-/// and 0.42-0.47 in place, with the matmuls no slower (alternated runs).
-const ROWS_PREPARED_IN_PLACE: usize = 4;
 
 /// Runs of groups a matmul's columns are split into for the pool's threads
 /// to claim.
