@@ -586,8 +586,15 @@ impl InterleavedMatmul {
                 }
             }
         });
-        // SAFETY: the loop above wrote every row of every group once.
-        unsafe { written(parts, widths, seq) }
+        parts
+            .into_iter()
+            .zip(widths)
+            .map(|(mut part, &width)| {
+                // SAFETY: the loop above wrote every row of every group once.
+                unsafe { part.set_len(seq * width) };
+                Tensor::from_vec(part, (1, seq, width), &Device::Cpu)
+            })
+            .collect()
     }
 
     /// Quantize rows `2·job` and `2·job + 1` of `input` (one, for an odd
@@ -686,22 +693,6 @@ fn reused<T: Clone + Default>(buffer: &mut Vec<T>, len: usize) -> &mut [T] {
         buffer.resize(len, T::default());
     }
     &mut buffer[..len]
-}
-
-/// The `parts` of a matmul's output as `(1, seq, width)` tensors.
-///
-/// # Safety
-/// Every part's first `seq · width` values are written.
-unsafe fn written(parts: Vec<Vec<f32>>, widths: &[usize], seq: usize) -> Result<Vec<Tensor>> {
-    parts
-        .into_iter()
-        .zip(widths)
-        .map(|(mut part, &width)| {
-            // SAFETY: as the caller promises.
-            unsafe { part.set_len(seq * width) };
-            Tensor::from_vec(part, (1, seq, width), &Device::Cpu)
-        })
-        .collect()
 }
 
 /// A matmul's prepared input rows: written two rows a job, each job by one
