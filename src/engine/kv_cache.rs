@@ -527,7 +527,63 @@ impl KvCache {
                     .context("KV cache append")?;
             }
         }
-        let total = self.len + seq;
+        self.written(layer, seq)
+    }
+
+    /// Write `keys` and `values` at the positions from `offset` after the
+    /// cached ones: f32 rows, position after position, each of `kv_heads`
+    /// heads of `head_dim` values, as a CPU forward pass holds them, so
+    /// that no tensor is made of them first. A shared borrow: jobs on the
+    /// pool each write their own positions of a layer, and candle's lock
+    /// on the layer's storage takes their writes in turn.
+    ///
+    /// Call [`KvCache::reserve`] first; [`KvCache::written`] then reads the layer.
+    pub(crate) fn write_rows(
+        &self,
+        layer: usize,
+        offset: usize,
+        keys: &[f32],
+        values: &[f32],
+    ) -> Result<()> {
+        let width = self.kv_heads * self.head_dim;
+        let seq = keys.len() / width.max(1);
+        if keys.len() != seq * width || values.len() != keys.len() {
+            return Err(crate::Error::invalid(
+                "KV cache write",
+                format!(
+                    "{} keys and {} values are not whole rows of {width}",
+                    keys.len(),
+                    values.len()
+                ),
+            ));
+        }
+        let store = self.layers[layer]
+            .as_ref()
+            .expect("reserve() allocates every layer before write_rows()");
+        let layout = candle_core::Layout::new(
+            (1, self.kv_heads, seq, self.head_dim).into(),
+            vec![seq * width, self.head_dim, width, 1],
+            0,
+        );
+        for (source, to) in [(keys, &store.keys), (values, &store.values)] {
+            let at = self.len + offset;
+            to.inplace_op1(&WriteRows {
+                source,
+                layout: &layout,
+                at,
+            })
+            .context("KV cache write")?;
+        }
+        Ok(())
+    }
+
+    /// Every position of `layer` up to `count` after the cached ones, as
+    /// stored, shaped `(1, kv_heads, cached + count, width)`.
+    pub(crate) fn written(&self, layer: usize, count: usize) -> Result<(Tensor, Tensor)> {
+        let store = self.layers[layer]
+            .as_ref()
+            .expect("reserve() allocates every layer before it is read");
+        let total = self.len + count;
         Ok((
             store.keys.narrow(2, 0, total).context("KV cache read")?,
             store.values.narrow(2, 0, total).context("KV cache read")?,
@@ -717,6 +773,53 @@ mod tests {
             assert_eq!(keys.dims(), expected.dims(), "{dtype:?}");
             assert_eq!(as_floats(keys), as_floats(expected), "{dtype:?}");
         }
+    }
+
+    #[test]
+    fn rows_written_from_slices_are_stored_as_appended_tensors_are() {
+        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16, KvDtype::Q8] {
+            // Three positions of two heads of four, position after position.
+            let values: Vec<f32> = (0..24).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+            let by_position = Tensor::from_vec(values.clone(), (3, 2, 1, 4), &Device::Cpu).unwrap();
+            let rows = by_position.transpose(0, 2).unwrap();
+            let mut appended = KvCache::new(1, 2, 4, 64, dtype, &Device::Cpu);
+            appended.append_zeros_for_test(&[7]);
+            appended.reserve(3).unwrap();
+            let expected = appended.append(0, &rows, &rows).unwrap();
+            let mut written = KvCache::new(1, 2, 4, 64, dtype, &Device::Cpu);
+            written.append_zeros_for_test(&[7]);
+            written.reserve(3).unwrap();
+            // In two writes, as two jobs of one run would.
+            written
+                .write_rows(0, 1, &values[8..], &values[8..])
+                .unwrap();
+            written
+                .write_rows(0, 0, &values[..8], &values[..8])
+                .unwrap();
+            let (keys, values) = written.written(0, 3).unwrap();
+            let as_floats = |t: &Tensor| -> Vec<f32> {
+                let t = t.to_dtype(DType::F32).unwrap();
+                t.flatten_all().unwrap().to_vec1().unwrap()
+            };
+            for (got, expected) in [(keys, &expected.0), (values, &expected.1)] {
+                assert_eq!(got.dims(), expected.dims(), "{dtype:?}");
+                assert_eq!(as_floats(&got), as_floats(expected), "{dtype:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn slices_of_partial_rows_or_past_the_reserved_room_are_refused() {
+        let mut cache = KvCache::new(1, 2, 4, 64, KvDtype::Q8, &Device::Cpu);
+        cache.reserve(1).unwrap();
+        let row = [1f32; 8];
+        assert!(cache.write_rows(0, 0, &row[..7], &row[..7]).is_err());
+        assert!(cache.write_rows(0, 0, &row, &row[..4]).is_err());
+        let capacity = cache.capacity;
+        assert!(cache.write_rows(0, capacity, &row, &row).is_err());
+        let keys = &cache.layers[0].as_ref().unwrap().keys;
+        let stored: Vec<u8> = keys.flatten_all().unwrap().to_vec1().unwrap();
+        assert!(stored.iter().all(|&byte| byte == 0));
     }
 
     #[test]
