@@ -565,8 +565,8 @@ impl KvCache {
             vec![seq * width, self.head_dim, width, 1],
             0,
         );
+        let at = self.len + offset;
         for (source, to) in [(keys, &store.keys), (values, &store.values)] {
-            let at = self.len + offset;
             to.inplace_op1(&WriteRows {
                 source,
                 layout: &layout,
