@@ -612,14 +612,23 @@ fn prefetch(start: *const u8, len: usize) {
     }
 }
 
-/// [`prefetch`] the row [`PREFETCH_ROWS`] after the one at `row`, rows
-/// `stride` values apart. Past the cache's end the hint is ignored.
+/// Ask memory for the cache lines that start within the row
+/// [`PREFETCH_ROWS`] after the one at `row`, rows `stride` values apart.
+/// Called for each row in turn, it asks for every line once: asking for
+/// every line a row touches asked for most lines twice, as an 8-bit row
+/// (68 bytes) shares a line with each neighbour, and the extra hints cost
+/// decode steps 1.5-2% at four and sixteen sequences. Past the cache's end
+/// the hint is ignored.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "sse")]
 fn prefetch_row_ahead<L>(row: *const L, stride: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     let ahead = row.wrapping_add(PREFETCH_ROWS * stride).cast::<u8>();
-    prefetch(ahead, stride * size_of::<L>());
+    let first_line = ahead.addr().next_multiple_of(64) - ahead.addr();
+    for offset in (first_line..stride * size_of::<L>()).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(offset).cast());
+    }
 }
 
 thread_local! {
