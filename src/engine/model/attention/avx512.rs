@@ -152,32 +152,54 @@ fn score_rows<L: Lane>(
     (scores, positions): (&mut [f32], usize),
 ) {
     for (h, queries) in queries.chunks(SCORE_HEADS * d).enumerate() {
-        let scores = &mut scores[h * SCORE_HEADS * positions..];
-        let mut start = 0;
-        while start < count {
-            let taken = match (queries.len() / d, count - start) {
-                (4, SCORE_POSITIONS..) => score_block::<L, 4, SCORE_POSITIONS>,
-                (4, _) => score_block::<L, 4, 1>,
-                (3, SCORE_POSITIONS..) => score_block::<L, 3, SCORE_POSITIONS>,
-                (3, _) => score_block::<L, 3, 1>,
-                (2, SCORE_POSITIONS..) => score_block::<L, 2, SCORE_POSITIONS>,
-                (2, _) => score_block::<L, 2, 1>,
-                (_, SCORE_POSITIONS..) => score_block::<L, 1, SCORE_POSITIONS>,
-                _ => score_block::<L, 1, 1>,
-            }(
+        let scores = (&mut scores[h * SCORE_HEADS * positions..], positions);
+        let keys = (keys, stride, count);
+        // The first pass over the chunk asks for the rows ahead.
+        let prefetch = h == 0;
+        match queries.len() / d {
+            4 => score_run::<L, 4>(queries, keys, scale, scores, prefetch),
+            3 => score_run::<L, 3>(queries, keys, scale, scores, prefetch),
+            2 => score_run::<L, 2>(queries, keys, scale, scores, prefetch),
+            _ => score_run::<L, 1>(queries, keys, scale, scores, prefetch),
+        }
+    }
+}
+
+/// [`score_rows`] for `H` heads over every row of the chunk, in one loop
+/// the blocks are inlined into. Called through a pointer per block of four
+/// rows instead, three heads' scores of 8-bit rows took 15.3 ns a row on
+/// one thread with the rows in L1, against 8.5 ns in this loop; in decode
+/// steps, whose rows come from memory, sixteen sequences' passes took
+/// about 1-2% less.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn score_run<L: Lane, const H: usize>(
+    queries: &[f32],
+    (keys, stride, count): (&[L], usize, usize),
+    scale: f32,
+    (scores, positions): (&mut [f32], usize),
+    prefetch: bool,
+) {
+    let mut start = 0;
+    while start < count {
+        let block = (&mut *scores, positions, start);
+        let taken = if count - start >= SCORE_POSITIONS {
+            score_block::<L, H, SCORE_POSITIONS>(
                 queries,
                 &keys[start * stride..],
                 stride,
                 scale,
-                (scores, positions, start),
-            );
-            if h == 0 {
-                for row in start..start + taken {
-                    prefetch_row_ahead(keys.as_ptr().wrapping_add(row * stride), stride);
-                }
+                block,
+            )
+        } else {
+            score_block::<L, H, 1>(queries, &keys[start * stride..], stride, scale, block)
+        };
+        if prefetch {
+            for row in start..start + taken {
+                prefetch_row_ahead(keys.as_ptr().wrapping_add(row * stride), stride);
             }
-            start += taken;
         }
+        start += taken;
     }
 }
 
