@@ -1239,12 +1239,10 @@ mod kernel {
     fn prefetch_ahead(at: *const u8, bytes: usize, streamed: bool) {
         // A prefetch is a hint: an address past the weights is ignored.
         let ahead = at.wrapping_add(PREFETCH_BLOCKS * bytes);
+        let far = at.wrapping_add(FAR_PREFETCH_BLOCKS * bytes);
         for line in (0..bytes).step_by(64) {
             _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
-        }
-        if streamed {
-            let far = at.wrapping_add(FAR_PREFETCH_BLOCKS * bytes);
-            for line in (0..bytes).step_by(64) {
+            if streamed {
                 _mm_prefetch::<_MM_HINT_T2>(far.wrapping_add(line).cast());
             }
         }
