@@ -288,10 +288,26 @@ impl Instructions {
         Some(Instructions::Avx2)
     }
 
-    /// Whether `rows` input rows run two rows a register.
-    fn pairs_rows(self, rows: usize) -> bool {
-        self == Instructions::Avx512Pairs && rows >= 2
+    /// How a `format` matmul of `rows` input rows meets its groups.
+    fn tiling(self, format: Format, rows: usize) -> Tiling {
+        let wide = matches!(format, Format::Q4_1 | Format::Q8_0);
+        match self {
+            Instructions::Avx512Pairs if wide && rows <= TWO_GROUP_ROWS => Tiling::TwoGroups,
+            Instructions::Avx512Pairs if rows >= 2 => Tiling::Pairs,
+            _ => Tiling::Rows,
+        }
     }
+}
+
+/// How a matmul's kernel takes its groups and input rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tiling {
+    /// One group, one input row a register lane set ([`InterleavedMatmul::dot_group`]).
+    Rows,
+    /// One group, two input rows a register ([`kernel::pairs`]).
+    Pairs,
+    /// Two neighbouring groups a register, one input row at a time ([`kernel::wide`]).
+    TwoGroups,
 }
 
 /// A Q4_1, Q8_0, Q4_K or Q6_K weight `(rows, width)` on the CPU, its rows
@@ -505,7 +521,7 @@ impl InterleavedMatmul {
             );
         }
         let blocks = self.width / BLOCK;
-        let paired = self.instructions.pairs_rows(seq);
+        let paired = self.instructions.tiling(self.format, seq) == Tiling::Pairs;
         PREPARED.with_borrow_mut(|(inputs, pairs)| {
             let inputs = reused(inputs, seq * blocks);
             let pairs = reused(pairs, if paired { seq.div_ceil(2) * blocks } else { 0 });
@@ -538,12 +554,16 @@ impl InterleavedMatmul {
         widths: &[usize],
         added: Option<&[f32]>,
     ) -> Result<Vec<Tensor>> {
-        let (seq, blocks, paired) = (prepared.rows, prepared.blocks, prepared.paired);
+        let (seq, blocks) = (prepared.rows, prepared.blocks);
+        let tiling = self.instructions.tiling(self.format, seq);
         let groups = self.rows / GROUP;
         let group_bytes = self.width / self.format.values() * self.format.group_block_bytes();
         let mut parts: Vec<Vec<f32>> = widths.iter().map(|w| Vec::with_capacity(seq * w)).collect();
         let output = Output::new(&mut parts, widths, added);
-        let tile_rows = if paired { 2 * PAIR_TILE } else { TILE };
+        let tile_rows = match tiling {
+            Tiling::Pairs => 2 * PAIR_TILE,
+            Tiling::Rows | Tiling::TwoGroups => TILE,
+        };
         // One tile of rows reads each group once, as a decode step does.
         let streamed = seq <= tile_rows;
         let jobs = pending.map_or(0, |_| prepared.jobs());
@@ -554,8 +574,11 @@ impl InterleavedMatmul {
             }
         };
         // Groups are split among the cores in runs, and each run writes the
-        // columns of its own groups.
-        let run = groups.div_ceil(RUNS);
+        // columns of its own groups; two groups taken together stay in one run.
+        let run = match tiling {
+            Tiling::TwoGroups => groups.div_ceil(RUNS).next_multiple_of(2),
+            Tiling::Rows | Tiling::Pairs => groups.div_ceil(RUNS),
+        };
         super::claimed_on_pool_after(jobs, prepare, groups.div_ceil(run), |indices| {
             // SAFETY: every preparation job has finished, and none runs again.
             let (inputs, pairs) = unsafe { prepared.all() };
@@ -563,13 +586,18 @@ impl InterleavedMatmul {
             let pair = |p: usize| &pairs[p * blocks..][..blocks];
             let mut tile_out = [0f32; 2 * PAIR_TILE * GROUP];
             for index in indices {
-                for g in index * run..groups.min((index + 1) * run) {
-                    let at = g * group_bytes;
-                    let group = &self.interleaved[at..at + group_bytes];
-                    let columns = output.columns(g);
+                let (mut g, end) = (index * run, groups.min((index + 1) * run));
+                while g < end {
+                    let taken = if tiling == Tiling::TwoGroups && g + 1 < end {
+                        2
+                    } else {
+                        1
+                    };
+                    let group = &self.interleaved[g * group_bytes..][..taken * group_bytes];
+                    let columns = [output.columns(g), output.columns(g + taken - 1)];
                     for first in (0..seq).step_by(tile_rows) {
                         let count = tile_rows.min(seq - first);
-                        if paired {
+                        if tiling == Tiling::Pairs {
                             let pairs: [&[PairBlock]; PAIR_TILE] = std::array::from_fn(|p| {
                                 pair((first / 2 + p).min(seq.div_ceil(2) - 1))
                             });
@@ -582,14 +610,22 @@ impl InterleavedMatmul {
                         } else {
                             let rows: [&[InputBlock]; TILE] =
                                 std::array::from_fn(|n| row((first + n).min(seq - 1)));
-                            self.dot_group(group, &rows[..count], &mut tile_out, streamed);
+                            if taken == 2 {
+                                self.dot_two_groups(group, &rows[..count], &mut tile_out, streamed);
+                            } else {
+                                self.dot_group(group, &rows[..count], &mut tile_out, streamed);
+                            }
                         }
-                        for (n, sums) in tile_out.chunks_exact(GROUP).take(count).enumerate() {
-                            // SAFETY: row `first + n` is below `seq`, and
-                            // group `g` belongs to this run alone.
-                            unsafe { columns.write(first + n, sums) };
+                        let sums = tile_out.chunks_exact(taken * GROUP).take(count);
+                        for (n, sums) in sums.enumerate() {
+                            for (columns, sums) in columns.iter().zip(sums.chunks_exact(GROUP)) {
+                                // SAFETY: row `first + n` is below `seq`, and
+                                // these groups belong to this run alone.
+                                unsafe { columns.write(first + n, sums) };
+                            }
                         }
                     }
+                    g += taken;
                 }
             }
         });
@@ -663,8 +699,36 @@ impl InterleavedMatmul {
         }
     }
 
+    /// `out[2 * GROUP * n + c]` = column `c` of the two groups `two` times
+    /// `inputs[n]`; for [`Tiling::TwoGroups`].
+    fn dot_two_groups(
+        &self,
+        two: &[u8],
+        inputs: &[&[InputBlock]],
+        out: &mut [f32],
+        streamed: bool,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `tiling` gives two groups only on CPUs `of_this_cpu`
+        // found with AVX-512 F, BW and VNNI, and only for these formats.
+        unsafe {
+            match self.format {
+                Format::Q4_1 => kernel::wide::q4_1(two, inputs, out, streamed),
+                Format::Q8_0 => kernel::wide::q8_0(two, inputs, out, streamed),
+                Format::Q4K | Format::Q6K => {
+                    unreachable!("no two-group kernel for {:?}", self.format)
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (two, inputs, out, streamed);
+            unreachable!("InterleavedMatmul::new admits only x86-64 CPUs")
+        }
+    }
+
     /// `out[n * GROUP + r]` = row `r` of `group` times input row `n`, where
-    /// `pairs[p]` holds rows `2p` and `2p + 1`; for [`Instructions::pairs_rows`].
+    /// `pairs[p]` holds rows `2p` and `2p + 1`; for [`Tiling::Pairs`].
     fn dot_group_pairs(
         &self,
         group: &[u8],
@@ -673,7 +737,7 @@ impl InterleavedMatmul {
         streamed: bool,
     ) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `pairs_rows` admits only CPUs `of_this_cpu` found with
+        // SAFETY: `tiling` gives pairs only on CPUs `of_this_cpu` found with
         // AVX-512 F, BW and VNNI.
         unsafe {
             match self.format {
@@ -1056,6 +1120,14 @@ unsafe fn filled(
     unsafe { scratch.set_len(len) };
     scratch
 }
+
+/// Input rows up to which Q4_1 and Q8_0 matmuls take two groups at once
+/// ([`kernel::wide`]) rather than two rows a register ([`kernel::pairs`]).
+/// Timed pass by pass in one SmolLM2 decode (8-bit cache, two threads,
+/// the kinds of pass alternated): a pass took 9% less time for one row, 8%
+/// for two and four, 7-10% for five and 2-5% for six; eight rows were up
+/// to 4% slower, and sixteen (two tiles of eight) 9% slower.
+const TWO_GROUP_ROWS: usize = 6;
 
 /// Input pairs multiplied with one unpacked group block by the
 /// [`kernel::pairs`] kernels.
@@ -2037,6 +2109,208 @@ mod kernel {
         }
     }
 
+    /// Kernels that multiply two neighbouring groups at once, sixteen
+    /// weight rows a 512-bit register: the first group's eight in the low
+    /// half, the second's in the high half, put together as they are
+    /// loaded. Each input row's four quants then reach the multiply-add as
+    /// one broadcast, and no weight is unpacked twice for two rows as in
+    /// [`super::pairs`]: a Q4_1 group block took 8.1 ns for one row where
+    /// the 256-bit kernel took 10.0, 9.1 for two rows and 12.3 for four
+    /// where [`super::pairs`] took 11.6 and 15.5 (one thread, weights
+    /// streamed from 75 MB, medians of six alternated passes). The integer
+    /// sums are exact and each lane's floats add in the same order, so the
+    /// bits are the other kernels'.
+    pub(super) mod wide {
+        use super::super::{Format, InputBlock, TILE};
+        use super::prefetch_ahead;
+        use std::arch::x86_64::*;
+
+        /// Eight 16-bit floats at `first` and eight at `second`, widened.
+        #[inline]
+        #[target_feature(enable = "avx512f,f16c")]
+        unsafe fn sixteen_f16(first: *const u8, second: *const u8) -> __m512 {
+            // SAFETY: the caller's 16 bytes at each are readable.
+            let halves = unsafe {
+                _mm256_inserti128_si256::<1>(
+                    _mm256_castsi128_si256(_mm_loadu_si128(first.cast())),
+                    _mm_loadu_si128(second.cast()),
+                )
+            };
+            _mm512_cvtph_ps(halves)
+        }
+
+        /// 32 bytes at `first` and 32 at `second`, side by side.
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn sixty_four(first: *const u8, second: *const u8) -> __m512i {
+            // SAFETY: the caller's 32 bytes at each are readable.
+            unsafe {
+                _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm256_loadu_si256(first.cast())),
+                    _mm256_loadu_si256(second.cast()),
+                )
+            }
+        }
+
+        /// Quants `4k..4k+4` of `input` in every 32-bit lane.
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn four(input: &InputBlock, k: usize) -> __m512i {
+            let quants = &input.quants[4 * k..4 * k + 4];
+            _mm512_set1_epi32(i32::from_le_bytes(std::array::from_fn(|i| quants[i] as u8)))
+        }
+
+        /// Chains of multiply-adds a row keeps: two halve the wait on each
+        /// result where few rows share a block, and more rows need the
+        /// registers (eight rows with two chains spilled).
+        const fn chains(rows: usize) -> usize {
+            if rows <= 4 {
+                2
+            } else {
+                1
+            }
+        }
+
+        /// Calls `f(two_blocks)` for each block of two neighbouring groups,
+        /// `two` holding the first group's blocks and then the second's,
+        /// after asking for the blocks ahead of each.
+        #[inline(always)]
+        fn each_block_of_two(
+            two: &[u8],
+            format: Format,
+            streamed: bool,
+            mut f: impl FnMut(usize, *const u8, *const u8),
+        ) {
+            let bytes = format.group_block_bytes();
+            let (first, second) = two.split_at(two.len() / 2);
+            for (b, (one, other)) in first
+                .chunks_exact(bytes)
+                .zip(second.chunks_exact(bytes))
+                .enumerate()
+            {
+                let (one, other) = (one.as_ptr(), other.as_ptr());
+                // SAFETY: `prefetch_ahead` asks without reading.
+                unsafe {
+                    prefetch_ahead(one, bytes, streamed);
+                    prefetch_ahead(other, bytes, streamed);
+                }
+                f(b, one, other);
+            }
+        }
+
+        by_rows!(q4_1, q4_1_tile, "avx512f,avx512bw,avx512vnni,avx2,f16c,fma");
+
+        /// `out[16n + c]`: column `c` of the two groups times input row `n`.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c,fma")]
+        unsafe fn q4_1_tile<const N: usize>(
+            two: &[u8],
+            inputs: &[&[InputBlock]],
+            out: &mut [f32],
+            streamed: bool,
+        ) {
+            let inputs: &[&[InputBlock]; N] = inputs.try_into().expect("N input rows");
+            let nibbles = _mm512_set1_epi8(0x0F);
+            let mut sums = [_mm512_setzero_ps(); N];
+            each_block_of_two(two, Format::Q4_1, streamed, |b, one, other| {
+                // SAFETY: each group block is 160 bytes: the scales, the
+                // minimums and four runs of 32 packed bytes.
+                let (scales, minimums, values) = unsafe {
+                    let values: [__m512i; 4] = std::array::from_fn(|k| {
+                        sixty_four(one.add(32 + 32 * k), other.add(32 + 32 * k))
+                    });
+                    (
+                        sixteen_f16(one, other),
+                        sixteen_f16(one.add(16), other.add(16)),
+                        values,
+                    )
+                };
+                let low = values.map(|packed| _mm512_and_si512(packed, nibbles));
+                let high =
+                    values.map(|packed| _mm512_and_si512(_mm512_srli_epi16::<4>(packed), nibbles));
+                let chains = chains(N);
+                let mut dots = [[_mm512_setzero_si512(); 2]; N];
+                for k in 0..4 {
+                    for (dots, input) in dots.iter_mut().zip(inputs) {
+                        let input = &input[b];
+                        let (c, d) = ((2 * k) % chains, (2 * k + 1) % chains);
+                        dots[c] = _mm512_dpbusd_epi32(dots[c], low[k], four(input, k));
+                        dots[d] = _mm512_dpbusd_epi32(dots[d], high[k], four(input, 4 + k));
+                    }
+                }
+                for ((sum, dots), input) in sums.iter_mut().zip(dots).zip(inputs) {
+                    let input = &input[b];
+                    let dots = if chains == 2 {
+                        _mm512_add_epi32(dots[0], dots[1])
+                    } else {
+                        dots[0]
+                    };
+                    let scale = _mm512_mul_ps(scales, _mm512_set1_ps(input.scale));
+                    *sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), scale, *sum);
+                    let minimum_weight = input.scale * input.total() as f32;
+                    *sum = _mm512_fmadd_ps(minimums, _mm512_set1_ps(minimum_weight), *sum);
+                }
+            });
+            for (sum, out) in sums.iter().zip(out.chunks_exact_mut(16)) {
+                // SAFETY: `out` holds the sixteen floats written.
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr(), *sum) };
+            }
+        }
+
+        by_rows!(q8_0, q8_0_tile, "avx512f,avx512bw,avx512vnni,avx2,f16c,fma");
+
+        /// [`q4_1_tile`] for Q8_0, whose stored weights are `wᵢ + 128`:
+        /// each sum starts at `-128·Σ qᵢ`.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c,fma")]
+        unsafe fn q8_0_tile<const N: usize>(
+            two: &[u8],
+            inputs: &[&[InputBlock]],
+            out: &mut [f32],
+            streamed: bool,
+        ) {
+            let inputs: &[&[InputBlock]; N] = inputs.try_into().expect("N input rows");
+            let mut sums = [_mm512_setzero_ps(); N];
+            each_block_of_two(two, Format::Q8_0, streamed, |b, one, other| {
+                // SAFETY: each group block is 272 bytes: the scales and
+                // eight runs of 32 stored bytes.
+                let (scales, stored) = unsafe {
+                    let stored: [__m512i; 8] = std::array::from_fn(|k| {
+                        sixty_four(one.add(16 + 32 * k), other.add(16 + 32 * k))
+                    });
+                    (sixteen_f16(one, other), stored)
+                };
+                let chains = chains(N);
+                let mut dots: [[__m512i; 2]; N] = std::array::from_fn(|n| {
+                    [
+                        _mm512_set1_epi32(-128 * inputs[n][b].total()),
+                        _mm512_setzero_si512(),
+                    ]
+                });
+                for (k, &stored) in stored.iter().enumerate() {
+                    let c = if chains == 2 { k / 4 } else { 0 };
+                    for (dots, input) in dots.iter_mut().zip(inputs) {
+                        dots[c] = _mm512_dpbusd_epi32(dots[c], stored, four(&input[b], k));
+                    }
+                }
+                for ((sum, dots), input) in sums.iter_mut().zip(dots).zip(inputs) {
+                    let input = &input[b];
+                    let dots = if chains == 2 {
+                        _mm512_add_epi32(dots[0], dots[1])
+                    } else {
+                        dots[0]
+                    };
+                    let scale = _mm512_mul_ps(scales, _mm512_set1_ps(input.scale));
+                    *sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), scale, *sum);
+                }
+            });
+            for (sum, out) in sums.iter().zip(out.chunks_exact_mut(16)) {
+                // SAFETY: `out` holds the sixteen floats written.
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr(), *sum) };
+            }
+        }
+    }
+
     pub(super) mod vnni {
         kernels!(
             "avx2,fma,f16c,avx512vnni,avx512vl",
@@ -2367,7 +2641,7 @@ mod tests {
     }
 
     #[test]
-    fn two_rows_a_register_give_the_bits_of_one_row_a_register() {
+    fn the_512_bit_kernels_give_the_bits_of_one_row_a_register() {
         let Some(Instructions::Avx512Pairs) = Instructions::of_this_cpu() else {
             return; // this CPU has no 512-bit kernels to compare
         };
@@ -2377,9 +2651,12 @@ mod tests {
             (GgmlDType::Q4K, 512),
             (GgmlDType::Q6K, 512),
         ] {
+            // Three groups: two taken together and one left over alone.
             let stored = weight(24, width, dtype);
             let matmul = InterleavedMatmul::new(&stored).unwrap();
-            for seq in [2, 3, 16, 17, 33] {
+            // Two groups at once up to `TWO_GROUP_ROWS`, two rows a
+            // register past it, over a tile of pairs, and odd rows.
+            for seq in [1, 2, 3, TWO_GROUP_ROWS, TWO_GROUP_ROWS + 1, 16, 17, 33] {
                 let x = inputs(seq, width);
                 let pairs = values(&matmul.forward(&x).unwrap());
                 let one_row = matmul.with(Instructions::Avx512Vnni);
