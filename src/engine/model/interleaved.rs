@@ -1044,6 +1044,11 @@ fn interleave(stored: &[u8], blocks: usize, format: Format, interleaved: &mut [u
 struct InputBlock {
     scale: f32,
     halves: [i16; 2],
+    /// `scale · Σ q`, what a Q4_1 block's minimum is multiplied by. Read
+    /// where [`kernel::wide`] computed it for each row of each block, whose
+    /// scalar arithmetic and broadcast take the vector ports' turns, a
+    /// SmolLM2 decode pass took 1-3% less time at one and four rows.
+    minimum_weight: f32,
     quants: [i8; BLOCK],
 }
 
@@ -1122,12 +1127,12 @@ unsafe fn filled(
 }
 
 /// Input rows up to which Q4_1 and Q8_0 matmuls take two groups at once
-/// ([`kernel::wide`]) rather than two rows a register ([`kernel::pairs`]).
-/// Timed pass by pass in one SmolLM2 decode (8-bit cache, two threads,
-/// the kinds of pass alternated): a pass took 9% less time for one row, 8%
-/// for two and four, 7-10% for five and 2-5% for six; eight rows were up
-/// to 4% slower, and sixteen (two tiles of eight) 9% slower.
-const TWO_GROUP_ROWS: usize = 6;
+/// ([`kernel::wide`]) rather than two rows a register ([`kernel::pairs`]):
+/// one tile. Timed pass by pass in one SmolLM2 decode (8-bit cache, two
+/// threads, the kinds of pass alternated), a pass took 9% less time for
+/// one row, 8% for two and four and 3.5-6% for eight; sixteen rows, as two
+/// tiles of eight, took 3-6% more.
+const TWO_GROUP_ROWS: usize = TILE;
 
 /// Input pairs multiplied with one unpacked group block by the
 /// [`kernel::pairs`] kernels.
@@ -1161,7 +1166,7 @@ impl PairBlock {
                 rows.map(|input| std::array::from_fn(|i| input.quants[4 * k + i]))
             }),
             scales: rows.map(|input| input.scale),
-            minimum_weights: rows.map(|input| input.scale * input.total() as f32),
+            minimum_weights: rows.map(|input| input.minimum_weight),
             offsets: rows.map(|input| -128 * input.total()),
             totals: rows.map(InputBlock::total),
             halves: rows.map(|input| input.halves),
@@ -1187,6 +1192,7 @@ fn quantize(row: &[f32], span: usize, blocks: &mut [InputBlock]) {
                 block.halves[i / 16] += i16::from(*quant);
             }
             block.scale = scale;
+            block.minimum_weight = scale * block.total() as f32;
         }
     }
 }
@@ -1372,6 +1378,7 @@ mod kernel {
                 unsafe { _mm256_storeu_si256(block.quants.as_mut_ptr().cast(), ordered) };
                 block.scale = scale;
                 block.halves = halves;
+                block.minimum_weight = scale * block.total() as f32;
             }
         }
     }
@@ -1586,7 +1593,7 @@ mod kernel {
                         let dots = _mm256_cvtepi32_ps(_mm256_add_epi32(first, second));
                         let scale = _mm256_mul_ps(scales, _mm256_set1_ps(input.scale));
                         sums[n] = _mm256_fmadd_ps(dots, scale, sums[n]);
-                        let sum = _mm256_set1_ps(input.scale * input.total() as f32);
+                        let sum = _mm256_set1_ps(input.minimum_weight);
                         sums[n] = _mm256_fmadd_ps(minimums, sum, sums[n]);
                     });
                 }
@@ -2247,8 +2254,8 @@ mod kernel {
                     };
                     let scale = _mm512_mul_ps(scales, _mm512_set1_ps(input.scale));
                     *sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), scale, *sum);
-                    let minimum_weight = input.scale * input.total() as f32;
-                    *sum = _mm512_fmadd_ps(minimums, _mm512_set1_ps(minimum_weight), *sum);
+                    let minimum_weight = _mm512_set1_ps(input.minimum_weight);
+                    *sum = _mm512_fmadd_ps(minimums, minimum_weight, *sum);
                 }
             });
             for (sum, out) in sums.iter().zip(out.chunks_exact_mut(16)) {
