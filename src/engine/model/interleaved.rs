@@ -1129,9 +1129,9 @@ unsafe fn filled(
 /// Input rows up to which Q4_1 and Q8_0 matmuls take two groups at once
 /// ([`kernel::wide`]) rather than two rows a register ([`kernel::pairs`]):
 /// one tile. Timed pass by pass in one SmolLM2 decode (8-bit cache, two
-/// threads, the kinds of pass alternated), a pass took 9% less time for
-/// one row, 8% for two and four and 3.5-6% for eight; sixteen rows, as two
-/// tiles of eight, took 3-6% more.
+/// threads, the kinds of pass alternated), a pass took 6-11% less time for
+/// one to five rows and 3.5-6% less for eight; sixteen rows, as two tiles
+/// of eight, took 3-6% more.
 const TWO_GROUP_ROWS: usize = TILE;
 
 /// Input pairs multiplied with one unpacked group block by the
