@@ -595,6 +595,7 @@ impl InterleavedMatmul {
                     };
                     let group = &self.interleaved[g * group_bytes..][..taken * group_bytes];
                     let columns = [output.columns(g), output.columns(g + taken - 1)];
+                    let columns = &columns[..taken];
                     for first in (0..seq).step_by(tile_rows) {
                         let count = tile_rows.min(seq - first);
                         if tiling == Tiling::Pairs {
@@ -2178,9 +2179,10 @@ mod kernel {
             }
         }
 
-        /// Calls `f(two_blocks)` for each block of two neighbouring groups,
-        /// `two` holding the first group's blocks and then the second's,
-        /// after asking for the blocks ahead of each.
+        /// Calls `f(b, one, other)` for each block `b` of two neighbouring
+        /// groups, at `one` in the first and `other` in the second (`two`
+        /// holds the first group's blocks, then the second's), after asking
+        /// for the blocks ahead of each.
         #[inline(always)]
         fn each_block_of_two(
             two: &[u8],
