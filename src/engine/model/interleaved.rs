@@ -2122,9 +2122,9 @@ mod kernel {
     /// half, the second's in the high half, put together as they are
     /// loaded. Each input row's four quants then reach the multiply-add as
     /// one broadcast, and no weight is unpacked twice for two rows as in
-    /// [`super::pairs`]: a Q4_1 group block took 8.1 ns for one row where
+    /// [`pairs`]: a Q4_1 group block took 8.1 ns for one row where
     /// the 256-bit kernel took 10.0, 9.1 for two rows and 12.3 for four
-    /// where [`super::pairs`] took 11.6 and 15.5 (one thread, weights
+    /// where [`pairs`] took 11.6 and 15.5 (one thread, weights
     /// streamed from 75 MB, medians of six alternated passes). The integer
     /// sums are exact and each lane's floats add in the same order, so the
     /// bits are the other kernels'.
