@@ -302,7 +302,7 @@ impl Instructions {
 /// How a matmul's kernel takes its groups and input rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Tiling {
-    /// One group, one input row a register lane set ([`InterleavedMatmul::dot_group`]).
+    /// One group, one input row a register lane set ([`kernel::vnni`], [`kernel::avx2`]).
     Rows,
     /// One group, two input rows a register ([`kernel::pairs`]).
     Pairs,
@@ -521,9 +521,10 @@ impl InterleavedMatmul {
             );
         }
         let blocks = self.width / BLOCK;
-        let paired = self.instructions.tiling(self.format, seq) == Tiling::Pairs;
+        let tiling = self.instructions.tiling(self.format, seq);
         PREPARED.with_borrow_mut(|(inputs, pairs)| {
             let inputs = reused(inputs, seq * blocks);
+            let paired = tiling == Tiling::Pairs;
             let pairs = reused(pairs, if paired { seq.div_ceil(2) * blocks } else { 0 });
             let prepared = Prepared::new(inputs, pairs, blocks);
             // Two jobs or more are prepared in the matmul's own pass of the
@@ -540,22 +541,22 @@ impl InterleavedMatmul {
             } else {
                 Some(input)
             };
-            self.multiply_prepared(&prepared, pending, widths, added)
+            self.multiply_prepared(&prepared, tiling, pending, widths, added)
         })
     }
 
-    /// The product of the rows of `prepared`, for
+    /// The product of the rows of `prepared`, taken as `tiling` says, for
     /// [`InterleavedMatmul::multiply`]; where there is a `pending` input,
     /// the same pass of the pool first prepares its rows, two a job.
     fn multiply_prepared(
         &self,
         prepared: &Prepared,
+        tiling: Tiling,
         pending: Option<Input>,
         widths: &[usize],
         added: Option<&[f32]>,
     ) -> Result<Vec<Tensor>> {
         let (seq, blocks) = (prepared.rows, prepared.blocks);
-        let tiling = self.instructions.tiling(self.format, seq);
         let groups = self.rows / GROUP;
         let group_bytes = self.width / self.format.values() * self.format.group_block_bytes();
         let mut parts: Vec<Vec<f32>> = widths.iter().map(|w| Vec::with_capacity(seq * w)).collect();
@@ -598,25 +599,21 @@ impl InterleavedMatmul {
                     let columns = &columns[..taken];
                     for first in (0..seq).step_by(tile_rows) {
                         let count = tile_rows.min(seq - first);
-                        if tiling == Tiling::Pairs {
-                            let pairs: [&[PairBlock]; PAIR_TILE] = std::array::from_fn(|p| {
+                        let pairs: [&[PairBlock]; PAIR_TILE];
+                        let rows: [&[InputBlock]; TILE];
+                        let tile = if tiling == Tiling::Pairs {
+                            pairs = std::array::from_fn(|p| {
                                 pair((first / 2 + p).min(seq.div_ceil(2) - 1))
                             });
-                            self.dot_group_pairs(
-                                group,
-                                &pairs[..count.div_ceil(2)],
-                                &mut tile_out,
-                                streamed,
-                            );
+                            Tile::Pairs(&pairs[..count.div_ceil(2)])
                         } else {
-                            let rows: [&[InputBlock]; TILE] =
-                                std::array::from_fn(|n| row((first + n).min(seq - 1)));
-                            if taken == 2 {
-                                self.dot_two_groups(group, &rows[..count], &mut tile_out, streamed);
-                            } else {
-                                self.dot_group(group, &rows[..count], &mut tile_out, streamed);
+                            rows = std::array::from_fn(|n| row((first + n).min(seq - 1)));
+                            match taken {
+                                2 => Tile::TwoGroups(&rows[..count]),
+                                _ => Tile::Rows(&rows[..count]),
                             }
-                        }
+                        };
+                        self.dot(group, tile, &mut tile_out, streamed);
                         let sums = tile_out.chunks_exact(taken * GROUP).take(count);
                         for (n, sums) in sums.enumerate() {
                             for (columns, sums) in columns.iter().zip(sums.chunks_exact(GROUP)) {
@@ -675,85 +672,60 @@ impl InterleavedMatmul {
         quantize(row, span, blocks)
     }
 
-    /// `out[n * GROUP + r]` = row `r` of `group` times `inputs[n]`.
-    fn dot_group(&self, group: &[u8], inputs: &[&[InputBlock]], out: &mut [f32], streamed: bool) {
+    /// The tile of products of `groups` (one group, or two for
+    /// [`Tile::TwoGroups`]) with the input rows of `tile`, into `out`:
+    /// `out[n * width + c]` is column `c` of the groups times input row `n`,
+    /// where `width` is [`GROUP`] for each group taken.
+    fn dot(&self, groups: &[u8], tile: Tile, out: &mut [f32], streamed: bool) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `new` checked this CPU for each kernel's features.
+        // SAFETY: `new` checked this CPU for the one-row kernels' features,
+        // and `tiling` gives pairs and two groups only on CPUs `of_this_cpu`
+        // found with AVX-512 F, BW and VNNI, two groups only for Q4_1 and Q8_0.
         unsafe {
-            use kernel::{avx2, vnni};
+            use kernel::{avx2, pairs, vnni, wide};
             let vnni = self.instructions != Instructions::Avx2;
-            match (self.format, vnni) {
-                (Format::Q4_1, true) => vnni::q4_1(group, inputs, out, streamed),
-                (Format::Q4_1, false) => avx2::q4_1(group, inputs, out, streamed),
-                (Format::Q8_0, true) => vnni::q8_0(group, inputs, out, streamed),
-                (Format::Q8_0, false) => avx2::q8_0(group, inputs, out, streamed),
-                (Format::Q4K, true) => vnni::q4k(group, inputs, out, streamed),
-                (Format::Q4K, false) => avx2::q4k(group, inputs, out, streamed),
-                (Format::Q6K, true) => vnni::q6k(group, inputs, out, streamed),
-                (Format::Q6K, false) => avx2::q6k(group, inputs, out, streamed),
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = (group, inputs, out, streamed);
-            unreachable!("InterleavedMatmul::new admits only x86-64 CPUs")
-        }
-    }
-
-    /// `out[2 * GROUP * n + c]` = column `c` of the two groups `two` times
-    /// `inputs[n]`; for [`Tiling::TwoGroups`].
-    fn dot_two_groups(
-        &self,
-        two: &[u8],
-        inputs: &[&[InputBlock]],
-        out: &mut [f32],
-        streamed: bool,
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `tiling` gives two groups only on CPUs `of_this_cpu`
-        // found with AVX-512 F, BW and VNNI, and only for these formats.
-        unsafe {
-            match self.format {
-                Format::Q4_1 => kernel::wide::q4_1(two, inputs, out, streamed),
-                Format::Q8_0 => kernel::wide::q8_0(two, inputs, out, streamed),
-                Format::Q4K | Format::Q6K => {
-                    unreachable!("no two-group kernel for {:?}", self.format)
+            match (tile, self.format) {
+                (Tile::Rows(rows), Format::Q4_1) if vnni => vnni::q4_1(groups, rows, out, streamed),
+                (Tile::Rows(rows), Format::Q4_1) => avx2::q4_1(groups, rows, out, streamed),
+                (Tile::Rows(rows), Format::Q8_0) if vnni => vnni::q8_0(groups, rows, out, streamed),
+                (Tile::Rows(rows), Format::Q8_0) => avx2::q8_0(groups, rows, out, streamed),
+                (Tile::Rows(rows), Format::Q4K) if vnni => vnni::q4k(groups, rows, out, streamed),
+                (Tile::Rows(rows), Format::Q4K) => avx2::q4k(groups, rows, out, streamed),
+                (Tile::Rows(rows), Format::Q6K) if vnni => vnni::q6k(groups, rows, out, streamed),
+                (Tile::Rows(rows), Format::Q6K) => avx2::q6k(groups, rows, out, streamed),
+                (Tile::Pairs(two_rows), Format::Q4_1) => {
+                    pairs::q4_1(groups, two_rows, out, streamed)
+                }
+                (Tile::Pairs(two_rows), Format::Q8_0) => {
+                    pairs::q8_0(groups, two_rows, out, streamed)
+                }
+                (Tile::Pairs(two_rows), Format::Q4K) => pairs::q4k(groups, two_rows, out, streamed),
+                (Tile::Pairs(two_rows), Format::Q6K) => pairs::q6k(groups, two_rows, out, streamed),
+                (Tile::TwoGroups(rows), Format::Q4_1) => wide::q4_1(groups, rows, out, streamed),
+                (Tile::TwoGroups(rows), Format::Q8_0) => wide::q8_0(groups, rows, out, streamed),
+                (Tile::TwoGroups(_), format) => {
+                    unreachable!("no two-group kernel for {format:?}")
                 }
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (two, inputs, out, streamed);
+            let _ = (groups, tile, out, streamed);
             unreachable!("InterleavedMatmul::new admits only x86-64 CPUs")
         }
     }
+}
 
-    /// `out[n * GROUP + r]` = row `r` of `group` times input row `n`, where
-    /// `pairs[p]` holds rows `2p` and `2p + 1`; for [`Tiling::Pairs`].
-    fn dot_group_pairs(
-        &self,
-        group: &[u8],
-        pairs: &[&[PairBlock]],
-        out: &mut [f32],
-        streamed: bool,
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `tiling` gives pairs only on CPUs `of_this_cpu` found with
-        // AVX-512 F, BW and VNNI.
-        unsafe {
-            match self.format {
-                Format::Q4_1 => kernel::pairs::q4_1(group, pairs, out, streamed),
-                Format::Q8_0 => kernel::pairs::q8_0(group, pairs, out, streamed),
-                Format::Q4K => kernel::pairs::q4k(group, pairs, out, streamed),
-                Format::Q6K => kernel::pairs::q6k(group, pairs, out, streamed),
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = (group, pairs, out, streamed);
-            unreachable!("InterleavedMatmul::new admits only x86-64 CPUs")
-        }
-    }
+/// The input rows of one tile of a matmul, as its kernel takes them.
+#[derive(Clone, Copy)]
+enum Tile<'a> {
+    /// Rows one at a time, against one group ([`Tiling::Rows`]).
+    Rows(&'a [&'a [InputBlock]]),
+    /// Rows two a register, against one group ([`Tiling::Pairs`]):
+    /// `[p]` holds rows `2p` and `2p + 1`.
+    Pairs(&'a [&'a [PairBlock]]),
+    /// Rows one at a time, against two groups at once ([`Tiling::TwoGroups`]).
+    TwoGroups(&'a [&'a [InputBlock]]),
 }
 
 thread_local! {
