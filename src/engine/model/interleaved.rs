@@ -2179,6 +2179,16 @@ mod kernel {
             }
         }
 
+        /// Each row's sixteen sums in `out`, row after row.
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn store<const N: usize>(sums: [__m512; N], out: &mut [f32]) {
+            for (sum, out) in sums.iter().zip(out.chunks_exact_mut(16)) {
+                // SAFETY: `out` holds the sixteen floats written.
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr(), *sum) };
+            }
+        }
+
         by_rows!(q4_1, q4_1_tile, "avx512f,avx512bw,avx512vnni,avx2,f16c,fma");
 
         /// `out[16n + c]`: column `c` of the two groups times input row `n`.
@@ -2232,10 +2242,7 @@ mod kernel {
                     *sum = _mm512_fmadd_ps(minimums, minimum_weight, *sum);
                 }
             });
-            for (sum, out) in sums.iter().zip(out.chunks_exact_mut(16)) {
-                // SAFETY: `out` holds the sixteen floats written.
-                unsafe { _mm512_storeu_ps(out.as_mut_ptr(), *sum) };
-            }
+            store(sums, out);
         }
 
         by_rows!(q8_0, q8_0_tile, "avx512f,avx512bw,avx512vnni,avx2,f16c,fma");
@@ -2285,10 +2292,7 @@ mod kernel {
                     *sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), scale, *sum);
                 }
             });
-            for (sum, out) in sums.iter().zip(out.chunks_exact_mut(16)) {
-                // SAFETY: `out` holds the sixteen floats written.
-                unsafe { _mm512_storeu_ps(out.as_mut_ptr(), *sum) };
-            }
+            store(sums, out);
         }
     }
 
