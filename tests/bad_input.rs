@@ -226,6 +226,35 @@ fn absurd_threads_and_cache_slots_are_one_error_line_each() {
     }
 }
 
+#[test]
+fn bench_engine_refuses_empty_runs_and_long_contexts_before_measuring() {
+    for flag in ["--context", "--decode-steps", "--repeats"] {
+        assert_one_error_line(&run_prism(&["bench-engine", flag, "0"]), flag);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), TinyArch::Llama, 3);
+    let model = dir.path().to_str().unwrap();
+    let result = run_prism(&[
+        "bench-engine",
+        "--model",
+        model,
+        "--threads",
+        "1",
+        "--context",
+        "8,1000",
+        "--decode-steps",
+        "2",
+        "--repeats",
+        "1",
+    ]);
+    assert_ends_with_one_error_line(&result, "exceeds the model's context");
+    assert!(
+        result.1.is_empty(),
+        "measured before refusing: {}",
+        result.1
+    );
+}
+
 /// A tiny chat model and a document in a fresh directory, and `summarize`
 /// on them into `run` with small budgets and `extra` flags.
 struct Fixture {

@@ -11,14 +11,14 @@ pub struct BenchEngineArgs {
     #[command(flatten)]
     engine: EngineArgs,
     /// Context lengths to measure at, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "512,2048")]
-    context: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "512,2048", value_parser = clap::value_parser!(u32).range(1..))]
+    context: Vec<u32>,
     /// Single-token steps timed for decode.
-    #[arg(long, default_value_t = 32)]
-    decode_steps: usize,
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+    decode_steps: u32,
     /// Runs per figure; the best is kept.
-    #[arg(long, default_value_t = 2)]
-    repeats: usize,
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    repeats: u16,
     /// Also decode this many sequences side by side at each context length,
     /// their steps batched into one forward pass (comma-separated, e.g.
     /// 1,4,16); the counts take turns, each run --repeats times.
@@ -31,18 +31,23 @@ pub struct BenchEngineArgs {
 
 pub fn run(args: BenchEngineArgs) -> Result<()> {
     let mut engine = args.engine.load()?;
+    let contexts: Vec<usize> = args.context.iter().map(|&tokens| tokens as usize).collect();
+    let (decode_steps, repeats) = (args.decode_steps as usize, usize::from(args.repeats));
+    // Every length is checked before the first is measured, so a bad one
+    // costs no minutes of measuring the others.
+    for &context in &contexts {
+        anyhow::ensure!(
+            context + decode_steps < engine.context_tokens(),
+            "--context {context} plus {decode_steps} decode steps exceeds the model's context of {}",
+            engine.context_tokens()
+        );
+    }
     if !args.json {
         outln!("| context | prefill tok/s | decode tok/s | 90% cached (s) | cold (s) | speedup | peak RSS (MB) |")?;
         outln!("|---:|---:|---:|---:|---:|---:|---:|")?;
     }
-    for &context in &args.context {
-        anyhow::ensure!(
-            context + args.decode_steps < engine.context_tokens(),
-            "--context {context} plus {} decode steps exceeds the model's context of {}",
-            args.decode_steps,
-            engine.context_tokens()
-        );
-        let figures = measure(&mut engine, context, args.decode_steps, args.repeats)?;
+    for &context in &contexts {
+        let figures = measure(&mut engine, context, decode_steps, repeats)?;
         if args.json {
             outln!("{}", serde_json::to_string(&figures)?)?;
         } else {
@@ -75,14 +80,8 @@ pub fn run(args: BenchEngineArgs) -> Result<()> {
         outln!("|---:|---:|---:|---:|---:|")?;
     }
     let sequences: Vec<usize> = args.sequences.iter().map(|&count| count.into()).collect();
-    for &context in &args.context {
-        let all = measure_side_by_side(
-            &mut engine,
-            &sequences,
-            context,
-            args.decode_steps,
-            args.repeats,
-        )?;
+    for &context in &contexts {
+        let all = measure_side_by_side(&mut engine, &sequences, context, decode_steps, repeats)?;
         let Some(first_rate) = all.first().map(|first| first.decode_tokens_per_second) else {
             continue;
         };
