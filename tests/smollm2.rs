@@ -137,3 +137,54 @@ fn summarize_resumes_to_the_same_result() {
     };
     assert_eq!(steps(&whole), steps(&parts));
 }
+
+/// Sixteen sequences decoding at once: on a CPU of two threads or more,
+/// each thread runs its own eight through the model (passes shared out by
+/// thread), and on one, one pass takes all sixteen. Either way each
+/// sequence's logits are what it gets alone.
+#[test]
+fn sixteen_sequences_decoding_at_once_match_each_alone() {
+    let mut engine = smollm2();
+    let vocab = engine.config().vocab_size;
+    let jobs: Vec<(Vec<u32>, Vec<u32>)> = (0..16)
+        .map(|seed| {
+            (
+                prism::bench::engine::random_prompt(seed, 24 + seed as usize, vocab),
+                prism::bench::engine::random_prompt(100 + seed, 6, vocab),
+            )
+        })
+        .collect();
+    let alone: Vec<Vec<f32>> = jobs
+        .iter()
+        .map(|(prompt, steps)| {
+            engine.clear_cache();
+            engine.prefill(prompt).unwrap();
+            engine.extend(steps).unwrap().to_vec1().unwrap()
+        })
+        .collect();
+    let siblings: Vec<Engine> = jobs.iter().map(|_| engine.sibling().unwrap()).collect();
+    let ready = std::sync::Barrier::new(jobs.len());
+    let together: Vec<Vec<f32>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = siblings
+            .into_iter()
+            .zip(&jobs)
+            .map(|(mut sibling, (prompt, steps))| {
+                let ready = &ready;
+                scope.spawn(move || {
+                    sibling.prefill(prompt).unwrap();
+                    ready.wait();
+                    sibling.extend(steps).unwrap().to_vec1().unwrap()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for (number, (alone, together)) in alone.iter().zip(&together).enumerate() {
+        let diff = alone
+            .iter()
+            .zip(together)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(diff <= 1e-4, "sequence {number}: logits differ by {diff}");
+    }
+}

@@ -28,9 +28,37 @@ fn has_avx2_fma_f16c() -> bool {
     }
 }
 
+thread_local! {
+    /// Set while the calling thread runs its share of a batch alone
+    /// ([`alone_on_this_thread`]).
+    static ALONE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Run `f` with this module's pool helpers ([`each_on_pool`],
+/// [`claimed_on_pool`]) doing all their work on the calling thread, so that
+/// several threads can each run a batch of their own through the model at
+/// once: none of them waits on candle's pool, whose callers take turns.
+pub(crate) fn alone_on_this_thread<R>(f: impl FnOnce() -> R) -> R {
+    /// Puts back the flag as it was, even if `f` panics.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ALONE.set(self.0);
+        }
+    }
+    let _restore = Restore(ALONE.replace(true));
+    f()
+}
+
 /// Call `f(index, item)` for each of `items` on candle's thread pool, the
 /// one the matmuls run on, each item on one thread.
 fn each_on_pool<T: Send>(items: &mut [T], f: impl Fn(usize, &mut T) + Sync) {
+    if ALONE.get() {
+        for (index, item) in items.iter_mut().enumerate() {
+            f(index, item);
+        }
+        return;
+    }
     let items: Vec<Mutex<&mut T>> = items.iter_mut().map(Mutex::new).collect();
     candle_core::utils::barrier_pool().execute_chunked(items.len(), |indices| {
         for index in indices {
@@ -64,6 +92,13 @@ fn claimed_on_pool_after(
     items: usize,
     f: impl Fn(std::ops::Range<usize>) + Sync,
 ) {
+    if ALONE.get() {
+        (0..jobs).for_each(job);
+        if items > 0 {
+            f(0..items);
+        }
+        return;
+    }
     let pool = candle_core::utils::barrier_pool();
     let threads = pool.n_workers() + 1;
     let (next_job, jobs_done) = (AtomicUsize::new(0), AtomicUsize::new(0));
@@ -161,6 +196,7 @@ pub use weights::{Pass, PrefillWeights};
 use crate::error::{Error, Result};
 use candle_core::quantized::gguf_file;
 use candle_core::{Layout, Storage};
+use std::cell::Cell;
 use std::mem::MaybeUninit;
 use std::ops::Deref;
 use std::path::Path;
