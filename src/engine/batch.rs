@@ -312,10 +312,10 @@ fn step_rows((tokens, _, _): &Step) -> usize {
 /// columns and meet about ten times a layer, each reading rows the other
 /// wrote: on an AMD EPYC host whose two vCPUs answered each other in 60-80
 /// ns, or for minutes at a time in 330-370, sixteen SmolLM2 sequences
-/// decoded at about 1,250 tok/s or 900. Shared out, eight a thread, they
-/// made 1,330-1,380 either way. At four sequences a thread the column
-/// split was faster while the vCPUs sat close (1,180-1,200 tok/s for eight
-/// sequences against 1,115-1,135), and at one or two a thread always.
+/// decoded at 1,120-1,290 tok/s or 840-990. Shared out, eight a thread,
+/// they kept 1,110-1,380 either way. With four a thread the column split
+/// was faster while the vCPUs sat close (eight sequences 1,137-1,203
+/// tok/s against 998-1,134), and with one or two a thread always.
 const SHARE_ROWS: usize = 8;
 
 /// The largest model, in parameters of its matmuls, whose decode passes
