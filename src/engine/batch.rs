@@ -231,9 +231,9 @@ struct Encoding {
 
 /// The worker's loop: take what is waiting, wait briefly for the decoding
 /// sequences still missing, and run one pass: the next batch of the oldest
-/// prompt being encoded, if any, with every waiting decode step. Enough
-/// decode steps and no prompt, on a CPU of several threads, and the pass
-/// is shared out instead ([`Shares`]).
+/// prompt being encoded, if any, with every waiting decode step. With no
+/// prompt, and enough decode steps of a small model on a CPU of several
+/// threads, the pass is shared out by thread instead ([`Shares`]).
 fn serve(model: Arc<Transformer>, requests: &mpsc::Receiver<Request>, decoding: &AtomicUsize) {
     let mut prompts: VecDeque<Encoding> = VecDeque::new();
     let mut shares = Shares::new(&model);
@@ -430,18 +430,9 @@ impl Helper {
 /// The weights a decode step multiplies by: every layer's projections and
 /// the output head.
 fn matmul_parameters(config: &Config) -> usize {
-    let Config {
-        vocab_size: vocab,
-        hidden_size: hidden,
-        intermediate_size: intermediate,
-        layers,
-        heads,
-        kv_heads,
-        head_dim,
-        ..
-    } = *config;
-    let attention = hidden * (2 * heads + 2 * kv_heads) * head_dim;
-    layers * (attention + 3 * hidden * intermediate) + vocab * hidden
+    let hidden = config.hidden_size;
+    let attention = hidden * (2 * config.heads + 2 * config.kv_heads) * config.head_dim;
+    config.layers * (attention + 3 * hidden * config.intermediate_size) + config.vocab_size * hidden
 }
 
 /// `items` in `count` runs of consecutive items with about as many
