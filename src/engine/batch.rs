@@ -310,8 +310,8 @@ fn step_rows((tokens, _, _): &Step) -> usize {
 /// Rows each thread's share of a decode pass must reach for the pass to
 /// be shared out. On candle's pool the threads split every matmul's
 /// columns and meet about ten times a layer, each reading rows the other
-/// wrote: on an AMD EPYC host whose two vCPUs answered each other in 60-80
-/// ns, or for minutes at a time in 330-370, sixteen SmolLM2 sequences
+/// wrote: on an AMD EPYC host whose two vCPUs answered each other in 50-95
+/// ns, or for minutes at a time in 320-380, sixteen SmolLM2 sequences
 /// decoded at 1,120-1,290 tok/s or 840-990. Shared out, eight a thread,
 /// they kept 1,110-1,380 either way. With four a thread the column split
 /// was faster while the vCPUs sat close (eight sequences 1,137-1,203
