@@ -364,15 +364,21 @@ fn perplexity_matches_the_logits_of_each_prefix() {
     assert!(err.to_string().contains("needs at least"), "{err}");
 }
 
-/// Sibling engines decoding at once share batched forward passes; each
-/// sequence's logits and greedy tokens must be what it gets alone. On the
-/// CPU, whose kernels multiply each row alone; a GPU's batched matmuls
-/// round rows otherwise, and this random model's near ties then diverge.
-fn side_by_side_matches_alone(arch: TinyArch, kv_dtype: KvDtype) {
+/// The tiny model on the CPU, its sequences side by side: [`side_by_side_matches_alone`].
+fn tiny_side_by_side_matches_alone(arch: TinyArch, kv_dtype: KvDtype) {
     let dir = tempfile::tempdir().unwrap();
     let mut engine = load_tiny_on(arch, &dir, kv_dtype, DeviceChoice::Cpu);
+    side_by_side_matches_alone(&mut engine, 4);
+}
+
+/// `sequences` sibling engines of `engine` decoding at once share batched
+/// forward passes; each sequence's logits and greedy tokens must be what it
+/// gets alone. On the CPU, whose kernels multiply each row alone; a GPU's
+/// batched matmuls round rows otherwise, and a random model's near ties
+/// then diverge.
+fn side_by_side_matches_alone(engine: &mut Engine, sequences: usize) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-    let jobs: Vec<(Vec<u32>, Vec<u32>)> = (0..4)
+    let jobs: Vec<(Vec<u32>, Vec<u32>)> = (0..sequences)
         .map(|_| {
             (
                 random_tokens(&mut rng, 5..60),
@@ -428,17 +434,36 @@ fn side_by_side_matches_alone(arch: TinyArch, kv_dtype: KvDtype) {
 
 #[test]
 fn llama_sequences_side_by_side_match_each_alone() {
-    side_by_side_matches_alone(TinyArch::Llama, KvDtype::F32);
+    tiny_side_by_side_matches_alone(TinyArch::Llama, KvDtype::F32);
 }
 
 #[test]
 fn qwen2_sequences_side_by_side_match_each_alone() {
-    side_by_side_matches_alone(TinyArch::Qwen2, KvDtype::F32);
+    tiny_side_by_side_matches_alone(TinyArch::Qwen2, KvDtype::F32);
 }
 
 #[test]
 fn sequences_side_by_side_with_an_8_bit_cache_match_each_alone() {
-    side_by_side_matches_alone(TinyArch::Qwen2, KvDtype::Q8);
+    tiny_side_by_side_matches_alone(TinyArch::Qwen2, KvDtype::Q8);
+}
+
+/// Sixteen sequences of SmolLM2 (GGUF, Q4_1, on prism's kernels): on a
+/// CPU of two threads or more, each thread runs its own eight through the
+/// model (passes shared out by thread); on one, one pass takes all sixteen.
+/// The tiny models' f32 matmuls are candle's, which round a row by the
+/// number of rows beside it, so they are checked at four.
+#[test]
+fn sixteen_smollm2_sequences_side_by_side_match_each_alone() {
+    let source = ModelSource::Gguf {
+        path: crate::common::fetched_model("SmolLM2-135M-Instruct.Q4_1.gguf"),
+        name: "smollm2-135m-instruct".into(),
+    };
+    let options = LoadOptions {
+        device: DeviceChoice::Cpu,
+        ..LoadOptions::default()
+    };
+    let mut engine = Engine::load(&source, &options).expect("SmolLM2 loads");
+    side_by_side_matches_alone(&mut engine, 16);
 }
 
 /// A 16-bit cache rounds every key and value, cached or not, so reuse
