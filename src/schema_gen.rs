@@ -358,6 +358,7 @@ fn attempt_prompt(
     Prompt {
         system: Some(SYSTEM.to_string()),
         segments,
+        source: None,
     }
 }
 

@@ -57,6 +57,7 @@ fn incremental_config(max_summary_tokens: usize) -> IncrementalConfig {
     IncrementalConfig {
         query: QUERY.into(),
         max_summary_tokens,
+        summary_words: None,
     }
 }
 
@@ -178,6 +179,7 @@ fn hierarchical_config(max_summary_tokens: usize) -> HierarchicalConfig {
     HierarchicalConfig {
         query: QUERY.into(),
         max_summary_tokens,
+        summary_words: None,
     }
 }
 
@@ -465,9 +467,12 @@ fn detail_resumes_to_the_same_summary() {
 }
 
 fn whole_config(answer_tokens: usize) -> WholeConfig {
+    // A summary's budget comes from its length in words (`tokens_for`):
+    // ask for the words that give `answer_tokens`.
     WholeConfig {
         query: QUERY.into(),
         answer_tokens,
+        summary_words: Some((answer_tokens - 40) / 2),
         answer_form: prism::methods::AnswerForm::Summary,
     }
 }

@@ -194,7 +194,10 @@ fn a_sweep_pauses_resumes_and_reports_every_run() {
                 .unwrap(),
         )
         .unwrap();
-        assert_eq!(first["reused_tokens"], 0, "{first}");
+        // A run starts cold: its first call, a chunk summary's when PRISM
+        // reads summaries, reuses nothing.
+        let first_call = first["summary_calls"].get(0).unwrap_or(&first);
+        assert_eq!(first_call["reused_tokens"], 0, "{first}");
     }
 
     let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
@@ -257,7 +260,9 @@ fn whole_runs_in_a_sweep_as_one_call() {
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["method"], "whole");
     assert_eq!(rows[0]["label"], "whole");
-    assert_eq!(rows[0]["calls"], 1);
+    // One call over the document; a random model's answer runs over the
+    // target length, and condensing it adds calls.
+    assert_eq!(rows[0]["steps"], 1);
     assert!(
         rows[0]["chunks"].as_u64().unwrap() > 1,
         "the document spans chunks"

@@ -26,6 +26,7 @@ fn config(memory_token_limit: Option<usize>) -> CokConfig {
         query: "Summarize the story.".into(),
         step_tokens: 512,
         answer_tokens: 256,
+        summary_words: None,
         memory_token_limit,
         constrained: false,
     }

@@ -9,7 +9,9 @@ use prism::engine::{Engine, LoadOptions};
 use prism::llm::Llm;
 use prism::memory::revise::RefusalKind;
 use prism::memory::{render_revision, shipped, Schema};
-use prism::methods::prism::{MemoryMode, Prism, PrismConfig, PrismFigures, PrismState, Step};
+use prism::methods::prism::{
+    MemoryMode, Prism, PrismConfig, PrismFigures, PrismState, Reading, Step, SKIPS_BEFORE_STOP,
+};
 use prism::methods::AnswerForm;
 use prism::run::dir::RunDir;
 use prism::run::{drive, NoProgress, Outcome};
@@ -25,7 +27,9 @@ fn config(memory: MemoryMode, updates: bool) -> PrismConfig {
         query: "Summarize the story.".into(),
         revision_tokens: 256,
         answer_tokens: 256,
+        summary_words: None,
         constrained: false,
+        reading: Reading::Text,
         answer_form: AnswerForm::Summary,
     }
 }
@@ -223,10 +227,11 @@ fn duplicates_and_echoes_are_refused_and_counted() {
     );
 }
 
-/// A step stops at the first line that repeats or rewords a note: what the
-/// model wrote after it is never applied, and the stop is logged and counted.
+/// A line that repeats or rewords a note is skipped and the step goes on:
+/// what the model writes after it is applied, and the skip is logged and
+/// counted.
 #[test]
-fn a_step_stops_at_a_line_that_goes_round_in_circles() {
+fn a_line_that_goes_round_in_circles_is_skipped_and_the_step_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     // Each reply is cut at `revision_tokens` characters: the lines are short.
     let reworded = r#"{"op": "add", "path": "$.Voyage", "value": ["The old ship sails north."]}"#;
@@ -253,18 +258,58 @@ fn a_step_stops_at_a_line_that_goes_round_in_circles() {
     let Outcome::Finished { stats, .. } = outcome else {
         panic!("the run should finish")
     };
-    assert_eq!(steps[0].stopped_before.as_deref(), Some(reworded));
-    assert_eq!(steps[0].applied.len(), 1);
+    assert_eq!(steps[0].skipped, [reworded]);
+    assert_eq!(steps[0].stopped_before, None);
+    assert_eq!(steps[0].applied.len(), 2);
     assert!(steps[0].rejected.is_empty(), "{:?}", steps[0].rejected);
-    assert_eq!(stats.method_figures.revision_steps_stopped, 1);
+    assert_eq!(stats.method_figures.revision_lines_skipped, 1);
+    assert_eq!(stats.method_figures.revision_steps_stopped, 0);
     assert_eq!(stats.method_figures.revisions_duplicate, 0);
+}
+
+/// Lines refused [`SKIPS_BEFORE_STOP`] times in a row end the step: the
+/// model is going round in circles and has nothing new to note.
+#[test]
+fn a_step_stops_after_refused_lines_in_a_row() {
+    let dir = tempfile::tempdir().unwrap();
+    // Short lines: each reply is cut at `revision_tokens` characters.
+    let line = |note: &str| format!(r#"{{"op": "add", "path": "$.V", "value": ["{note}"]}}"#);
+    let mut lines = vec![line("Ice.")];
+    lines.extend((0..SKIPS_BEFORE_STOP).map(|_| line("Ice.")));
+    lines.push(line("Sledge."));
+    lines.push(String::new());
+    let replies = [
+        lines.join("\n"),
+        String::new(),
+        String::new(),
+        String::new(),
+        "The ship sails north.".to_string(),
+    ];
+    let replies: Vec<&str> = replies.iter().map(String::as_str).collect();
+    let (outcome, steps, _) = run_scripted(
+        MemoryMode::Amendments,
+        true,
+        ScriptedLlm::new(&replies),
+        dir.path(),
+    );
+    let Outcome::Finished { stats, .. } = outcome else {
+        panic!("the run should finish")
+    };
+    assert_eq!(steps[0].skipped.len(), SKIPS_BEFORE_STOP - 1);
+    assert_eq!(steps[0].stopped_before, Some(line("Ice.")));
+    assert_eq!(steps[0].applied.len(), 1, "the line after the stop is never applied");
+    assert_eq!(stats.method_figures.revision_steps_stopped, 1);
+    assert_eq!(
+        stats.method_figures.revision_lines_skipped,
+        SKIPS_BEFORE_STOP - 1
+    );
 }
 
 /// Adding again at a key the step already wrote is going round too, even
 /// when the note says something new: without updates every such line is
-/// refused, so decoding on would spend the budget on nothing.
+/// refused, so it is skipped rather than applied.
 #[test]
-fn a_step_stops_when_it_adds_again_at_a_key_it_wrote() {
+fn a_line_that_adds_again_at_a_key_it_wrote_is_skipped() {
     let code = Schema::from_value(&serde_json::from_str(shipped::CODE).unwrap()).unwrap();
     let note = |key: &str, purpose: &str| {
         format!(
@@ -291,13 +336,57 @@ fn a_step_stops_when_it_adds_again_at_a_key_it_wrote() {
     let Outcome::Finished { stats, .. } = outcome else {
         panic!("the run should finish")
     };
-    assert_eq!(steps[0].stopped_before.as_deref(), Some(again.as_str()));
+    assert_eq!(steps[0].skipped, [again]);
     assert_eq!(steps[0].applied.len(), 1);
     assert!(steps[0].rejected.is_empty(), "{:?}", steps[0].rejected);
     // A new key in a later step is a new note, not a loop.
-    assert_eq!(steps[1].stopped_before, None);
+    assert!(steps[1].skipped.is_empty());
     assert_eq!(steps[1].applied.len(), 1);
-    assert_eq!(stats.method_figures.revision_steps_stopped, 1);
+    assert_eq!(stats.method_figures.revision_lines_skipped, 1);
+}
+
+/// Reading summaries, each chunk is summarized by a call of its own and the
+/// revision call is shown that summary, never the chunk; the summary is
+/// logged with its step and its call counted.
+#[test]
+fn a_summary_of_each_chunk_is_what_the_revision_step_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = book_schema();
+    let config = PrismConfig {
+        reading: Reading::Summary,
+        ..config(MemoryMode::Amendments, true)
+    };
+    let method = Prism::new(&config, &schema);
+    let mut replies = Vec::new();
+    for (i, reply) in REPLIES[..4].iter().enumerate() {
+        replies.push(format!("The uneasy crew sails the ship north into ice, part {i}."));
+        replies.push(reply.to_string());
+    }
+    replies.push(REPLIES[4].to_string());
+    let replies: Vec<&str> = replies.iter().map(String::as_str).collect();
+    let mut llm = ScriptedLlm::with_cache_slots(&replies, 2);
+    let run_dir = RunDir::create(dir.path()).unwrap();
+    let files = scripted_files(&run_dir, false, None);
+    let chunks = chunks(4);
+    let Outcome::Finished { summary, stats } =
+        drive(&method, &mut llm, &chunks, &files, &mut NoProgress).unwrap()
+    else {
+        panic!("the run should finish")
+    };
+    assert_eq!(summary, REPLIES[4]);
+    assert_eq!(stats.run.calls, 9);
+    assert_eq!(stats.method_figures.revisions_applied, 3);
+    let steps: Vec<Step> = run_dir.read_jsonl("steps.jsonl").unwrap();
+    for (i, (step, chunk)) in steps.iter().zip(&chunks).enumerate() {
+        let read = format!("The uneasy crew sails the ship north into ice, part {i}.");
+        assert_eq!(step.summary.as_deref(), Some(read.as_str()));
+        assert_eq!(step.summary_calls.len(), 1);
+        let summarizing = llm.prompts[2 * i].segments.concat();
+        assert!(summarizing.contains(chunk.text.trim()), "{summarizing}");
+        let revising = llm.prompts[2 * i + 1].segments.concat();
+        assert!(revising.contains(&read), "{revising}");
+        assert!(!revising.contains(chunk.text.trim()), "{revising}");
+    }
 }
 
 #[test]
@@ -434,7 +523,7 @@ fn amendments_keep_earlier_prompt_tokens_as_a_prefix() {
     ];
     let mut previous: Option<Vec<u32>> = None;
     for line in lines {
-        let prompt = method.revision_prompt(&state, chunk, 1);
+        let prompt = method.revision_prompt(&state, chunk, 1, None);
         // Everything before the chunk: system turn, preamble, memory.
         let memory_end = prompt.segments.len() - 2;
         let ids = engine

@@ -15,6 +15,9 @@ fn summarize(model: &Path, doc: &Path, out: &Path, extra: &[&str]) {
         out.to_str().unwrap(),
         "--chunk-tokens",
         "12",
+        // Each revision call alone: a summary call before it would share its opening.
+        "--reads",
+        "text",
         // The tiny model's tokenizer names no end of sequence, which a grammar needs.
         "--constrained",
         "off",

@@ -115,7 +115,9 @@ fn a_query_over_a_source_tree_finds_the_function_a_later_chunk_defines() {
         query: "Summarize.".into(),
         revision_tokens: 200,
         answer_tokens: 20,
+        summary_words: None,
         constrained: false,
+        reading: prism::methods::prism::Reading::Summary,
         answer_form: AnswerForm::Summary,
     };
     let summarizing = MethodSpec::Prism {
@@ -162,6 +164,7 @@ fn only_prism_and_whole_answer_a_query() {
         config: prism::methods::whole::WholeConfig {
             query: "Summarize.".into(),
             answer_tokens: 10,
+            summary_words: None,
             answer_form: AnswerForm::Summary,
         },
     };
@@ -170,6 +173,7 @@ fn only_prism_and_whole_answer_a_query() {
         config: prism::methods::hierarchical::HierarchicalConfig {
             query: "Summarize.".into(),
             max_summary_tokens: 100,
+            summary_words: None,
         },
     };
     assert!(hierarchical.answering("Which function?").is_none());

@@ -261,3 +261,92 @@ fn grammar_output_stays_valid_under_every_control() {
     letters.sort_unstable();
     assert_eq!(letters, ['a', 'b', 'c']);
 }
+
+/// Told to copy (its greedy output is a cycle; the source is that cycle), the
+/// model writes no run of the source as long as the no-copy ban, and shorter
+/// runs stay free.
+#[test]
+fn the_no_copy_ban_keeps_the_output_from_copying_its_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = line_model(dir.path(), CYCLING_SEED);
+    let prompt = cycling_prompt();
+    let free = generate(&mut engine, &prompt, SamplingConfig::default());
+    let source: Vec<u32> = free.tokens[..30].to_vec();
+    let copies = |tokens: &[u32], n: usize| {
+        let runs: std::collections::HashSet<&[u32]> = source.windows(n).collect();
+        tokens.windows(n).any(|run| runs.contains(run))
+    };
+    assert!(copies(&free.tokens, 4));
+    let options = GenerateOptions {
+        max_tokens: 200,
+        sampling: SamplingConfig {
+            no_copy_ngram: 4,
+            ..SamplingConfig::default()
+        },
+        copy_source: source.clone(),
+        ..GenerateOptions::default()
+    };
+    let banned = engine.generate(&prompt, &options).unwrap();
+    assert!(!copies(&banned.tokens, 4), "{:?}", banned.tokens);
+    assert!(copies(&banned.tokens, 3), "runs of 3 stay free: {:?}", banned.tokens);
+    assert!(banned.tokens.len() > 50, "{}", banned.tokens.len());
+    // Without a source the setting bans nothing.
+    let options = GenerateOptions {
+        copy_source: Vec::new(),
+        ..options
+    };
+    assert_eq!(engine.generate(&prompt, &options).unwrap().tokens, free.tokens);
+}
+
+/// A line the check skips is taken back and decoding goes on in its place:
+/// the model, which would write the same line twice, writes something else
+/// after its first, and the skipped tokens still count as output.
+#[test]
+fn a_skipped_line_is_replaced_and_decoding_goes_on() {
+    use prism::engine::LineVerdict;
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = line_model(dir.path(), LINE_SEED);
+    let prompt = line_prompt();
+    let repeated = "w42 w54 w34 w43 w30 w37 w24.";
+    let skipped = std::cell::Cell::new(0);
+    let skip_repeats = |kept: &str, line: &str| {
+        if kept.lines().any(|earlier| earlier == line) {
+            skipped.set(skipped.get() + 1);
+            LineVerdict::Skip { from: 0 }
+        } else {
+            LineVerdict::Keep
+        }
+    };
+    let options = GenerateOptions {
+        max_tokens: 60,
+        ..GenerateOptions::default()
+    };
+    let free = engine.generate(&prompt, &options).unwrap();
+    let twice = format!("{repeated}\n{repeated}\n");
+    let first_repeat = free.text.find(&twice).expect("the line twice in a row") + repeated.len() + 1;
+    let checked = engine
+        .generate_checking_lines(&prompt, &options, Some(&skip_repeats))
+        .unwrap();
+    assert!(skipped.get() >= 1);
+    assert!(checked.text.starts_with(&free.text[..first_repeat]), "{}", checked.text);
+    assert!(!checked.text.contains(&twice), "{}", checked.text);
+    let lines: Vec<&str> = checked.text.lines().collect();
+    let mut seen = std::collections::HashSet::new();
+    let whole_lines = checked.text.matches('\n').count();
+    assert!(lines[..whole_lines].iter().all(|line| seen.insert(*line)), "{}", checked.text);
+    assert_eq!(checked.usage.output_tokens, 60);
+    assert!(checked.tokens.len() < 60);
+    // Stopping at the line instead ends the output before it.
+    let stop_at_repeats = |kept: &str, line: &str| {
+        if kept.lines().any(|earlier| earlier == line) {
+            LineVerdict::Stop
+        } else {
+            LineVerdict::Keep
+        }
+    };
+    let stopped = engine
+        .generate_checking_lines(&prompt, &options, Some(&stop_at_repeats))
+        .unwrap();
+    assert_eq!(stopped.text, free.text[..first_repeat]);
+    assert_eq!(stopped.stop_reason, StopReason::LineRefused);
+}

@@ -233,6 +233,7 @@ fn the_servers_cached_tokens_are_the_engines_reused_tokens() {
         let prompt = Prompt {
             system: Some("w11 w12".into()),
             segments,
+            source: None,
         };
         let local = local
             .llm(GenerateOptions::default())
@@ -434,8 +435,15 @@ fn a_refused_line_closes_the_stream_where_the_local_engine_stops() {
     let prompt = Prompt {
         system: None,
         segments: vec!["List five colors, one per line.".into()],
+        source: None,
     };
-    let third_line = |kept: &str, _line: &str| kept.lines().count() >= 2;
+    let third_line = |kept: &str, _line: &str| {
+        if kept.lines().count() >= 2 {
+            prism::engine::LineVerdict::Stop
+        } else {
+            prism::engine::LineVerdict::Keep
+        }
+    };
     let options = GenerateOptions::default();
     let whole = local
         .llm(options.clone())

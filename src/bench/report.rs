@@ -157,6 +157,9 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
         vec![
             (|prism| prism.revisions_duplicate, "Duplicate revisions"),
             (|prism| prism.revisions_echo, "Echo revisions"),
+            (|prism| prism.revisions_copy, "Copy revisions"),
+            (|prism| prism.revisions_ungrounded, "Ungrounded revisions"),
+            (|prism| prism.revision_lines_skipped, "Lines skipped"),
             (|prism| prism.revisions_capped, "Capped revisions"),
             (
                 |prism| prism.revision_steps_stopped,
@@ -206,11 +209,17 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
             let _ = write!(out, " {} |", row.machine.engine_threads);
         }
         let percent = |share: Option<f64>| cell(share.map(|share| 100.0 * share), 1);
+        let count = |value: Option<usize>| cell(value.map(|value| value as f64), 0);
         let _ = write!(
             out,
-            " {} | {} | {} | {} |",
+            " {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             row.run.calls,
             row.run.summary_tokens,
+            row.run.summary_words,
+            count(row.run.summary_words_target),
+            percent(row.run.compression),
+            percent(row.run.copied_8gram_share),
+            count(row.run.longest_copy_words),
             percent(row.run.repeated_ngram_share),
             percent(row.run.echo_share),
         );
@@ -236,11 +245,11 @@ fn table_head(out: &mut String, threads_vary: bool, extra_titles: &[&str]) {
     if threads_vary {
         out.push_str(" Threads |");
     }
-    out.push_str(" Calls | Summary tokens | Rep. 4-gram (%) | Echo (%) |");
+    out.push_str(" Calls | Summary tokens | Summary words | Target words | Compression (%) | Copied 8-gram (%) | Longest copy | Rep. 4-gram (%) | Echo (%) |");
     for title in extra_titles {
         let _ = write!(out, " {title} |");
     }
-    out.push_str("\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    out.push_str("\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     out.push_str(&"--:|".repeat(extra_titles.len() + usize::from(threads_vary)));
     out.push('\n');
 }
@@ -316,6 +325,10 @@ fn describe_sampling(sampling: &SamplingConfig) -> String {
     parts.push(match sampling.no_repeat_ngram {
         0 => "no-repeat n-gram off".to_string(),
         n => format!("no-repeat {n}-grams"),
+    });
+    parts.push(match sampling.no_copy_ngram {
+        0 => "no-copy off".to_string(),
+        n => format!("no copied {n}-token runs"),
     });
     parts.push(
         if sampling.loop_guard {
@@ -467,6 +480,8 @@ mod tests {
                 "cache_hit_rate": hit, "prompt_tokens": 5600, "net_tokens": net,
                 "output_tokens": 470, "cost_index": (net as f64 + 1410.0) / 1e6,
                 "wall_seconds": 12.4, "calls": 6, "summary_tokens": 210,
+                "summary_words": 160, "summary_words_target": 150, "compression": 0.1,
+                "copied_8gram_share": 0.05, "longest_copy_words": 9,
                 "repeated_ngram_share": 0.125, "echo_share": 0.0,
                 "sampling": {
                     "temperature": 0.0, "top_k": null, "top_p": null,
@@ -587,7 +602,7 @@ mod tests {
         let table = &report[at_1000..report.find("## Across").unwrap()];
         assert!(
             table.contains(
-                "| prism-amendments | 69.0 | 5.6 | 1.7 | 0.5 | 0.0031 | 12 | 6 | 210 | 12.5 | 0.0 |\n"
+                "| prism-amendments | 69.0 | 5.6 | 1.7 | 0.5 | 0.0031 | 12 | 6 | 210 | 160 | 150 | 10.0 | 5.0 | 9 | 12.5 | 0.0 |\n"
             ),
             "{table}"
         );
@@ -614,11 +629,11 @@ mod tests {
         );
         assert!(
             report.contains(
-                "| prism-amendments | 69.0 | 5.6 | 1.7 | 0.5 | 0.0031 | 12 | 2 | 6 | 210 | 12.5 | 0.0 |"
+                "| prism-amendments | 69.0 | 5.6 | 1.7 | 0.5 | 0.0031 | 12 | 2 | 6 | 210 | 160 | 150 | 10.0 | 5.0 | 9 | 12.5 | 0.0 |"
             ),
             "{report}"
         );
-        assert!(report.contains("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"));
+        assert!(report.contains("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"));
     }
 
     #[test]
@@ -644,7 +659,7 @@ mod tests {
         let report = markdown(&[row("incremental", 500, json!({"calls": 3}))]);
         assert!(
             report
-                .contains("| incremental | 0.0 | 0.0 | 0.0 | 0.0 | 0.0000 | 0 | 3 | 0 | – | – |\n"),
+                .contains("| incremental | 0.0 | 0.0 | 0.0 | 0.0 | 0.0000 | 0 | 3 | 0 | 0 | – | – | – | – | – | – |\n"),
             "{report}"
         );
         assert!(report.contains("\nSampling: not recorded.\n"), "{report}");
@@ -660,6 +675,9 @@ mod tests {
             revisions_rejected: 2,
             revisions_duplicate: 4,
             revisions_echo: 1,
+            revisions_copy: 2,
+            revisions_ungrounded: 6,
+            revision_lines_skipped: 5,
             revisions_capped: 0,
             revision_steps_stopped: 3,
             consolidations: 0,
@@ -667,18 +685,18 @@ mod tests {
         let report = markdown(&with);
         assert!(
             report.contains(
-                "| Echo (%) | Duplicate revisions | Echo revisions | Capped revisions | Steps stopped at a repeat |\n\
-                 |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
+                "| Echo (%) | Duplicate revisions | Echo revisions | Copy revisions | Ungrounded revisions | Lines skipped | Capped revisions | Steps stopped at a repeat |\n\
+                 |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
             ),
             "{report}"
         );
         assert!(
-            report.contains("| 210 | 12.5 | 0.0 | 4 | 1 | 0 | 3 |\n"),
+            report.contains("| 9 | 12.5 | 0.0 | 4 | 1 | 2 | 6 | 5 | 0 | 3 |\n"),
             "{report}"
         );
         // A run without them shows dashes.
         assert!(
-            report.contains("| 210 | 12.5 | 0.0 | – | – | – | – |\n"),
+            report.contains("| 9 | 12.5 | 0.0 | – | – | – | – | – | – | – |\n"),
             "{report}"
         );
     }
@@ -692,7 +710,7 @@ mod tests {
         assert!(
             table.contains(
                 "\nSampling: greedy, DRY multiplier 0.8 (base 1.75, allowed length 2, output only), \
-                 no-repeat n-gram off, loop guard on.\n"
+                 no-repeat n-gram off, no-copy off, loop guard on.\n"
             ),
             "{table}"
         );
@@ -707,10 +725,10 @@ mod tests {
         assert!(
             report.contains(
                 "\nSampling: greedy, DRY multiplier 0.8 (base 1.75, allowed length 2, output only), \
-                 no-repeat n-gram off, loop guard on (prism-amendments); \
+                 no-repeat n-gram off, no-copy off, loop guard on (prism-amendments); \
                  temperature 0.7, repeat penalty 1.1 over 64 tokens, \
                  DRY multiplier 0.5 (base 2, allowed length 3, last 256 tokens, prompt included), \
-                 no-repeat 4-grams, loop guard off (prism-in-place).\n"
+                 no-repeat 4-grams, no-copy off, loop guard off (prism-in-place).\n"
             ),
             "{report}"
         );
@@ -722,7 +740,7 @@ mod tests {
         .unwrap();
         let report = markdown(&old[..1]);
         assert!(
-            report.contains("Sampling: greedy, DRY off, no-repeat n-gram off, loop guard off.\n"),
+            report.contains("Sampling: greedy, DRY off, no-repeat n-gram off, no-copy off, loop guard off.\n"),
             "{report}"
         );
     }

@@ -79,6 +79,7 @@ pub fn run(args: GenerateArgs, matches: &ArgMatches) -> Result<()> {
         sampling: args.sampling.config(SamplingConfig::default())?,
         stop: args.stop.clone(),
         grammar: grammar(&args)?,
+        ..GenerateOptions::default()
     };
     let mut engine = args.engine.load()?;
     let mut ledger = Ledger::default();

@@ -9,7 +9,7 @@ use prism::methods::cos::CosConfig;
 use prism::methods::detail::DetailConfig;
 use prism::methods::hierarchical::HierarchicalConfig;
 use prism::methods::incremental::IncrementalConfig;
-use prism::methods::prism::{MemoryMode, PrismConfig};
+use prism::methods::prism::{MemoryMode, PrismConfig, Reading};
 use prism::methods::whole::WholeConfig;
 use prism::methods::{AnswerForm, MethodSpec};
 use std::path::PathBuf;
@@ -46,6 +46,12 @@ pub enum OnOff {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReadingArg {
+    Summary,
+    Text,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum MemoryArg {
     InPlace,
     Amendments,
@@ -60,12 +66,20 @@ pub struct MethodArgs {
         default_value = "Summarize the document: the main events in order, the people involved and what drives them, the setting and the central themes."
     )]
     pub query: String,
-    /// The most tokens of the final answer (cos: of every summary).
+    /// The length of the summary in words, the same target for every method (detail and cos
+    /// excepted); by default a tenth of the document's words, at least 120 and at most 600.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub summary_words: Option<u32>,
+    /// The most tokens of a direct answer (query; cos: of every summary; gu/gm/cok: of the answer).
     #[arg(long, default_value_t = 900)]
     pub answer_tokens: usize,
     /// prism: how the memory is shown to the model.
     #[arg(long, value_enum, default_value = "amendments")]
     pub memory: MemoryArg,
+    /// prism: what the revision step reads of each chunk: a summary of it that a call of its own
+    /// writes first (notes in the model's words), or its text (as the paper does).
+    #[arg(long, value_enum, default_value = "summary")]
+    pub reads: ReadingArg,
     /// prism: allow `add` revisions only (the paper's "without updates" ablation).
     #[arg(long)]
     pub no_updates: bool,
@@ -126,7 +140,12 @@ impl MethodArgs {
                     query: self.query.clone(),
                     revision_tokens: self.revision_tokens,
                     answer_tokens: self.answer_tokens,
+                    summary_words: self.summary_words(),
                     constrained: self.constrained == OnOff::On,
+                    reading: match self.reads {
+                        ReadingArg::Summary => Reading::Summary,
+                        ReadingArg::Text => Reading::Text,
+                    },
                     answer_form: AnswerForm::Summary,
                 },
                 schema: self.schema_json()?,
@@ -135,12 +154,14 @@ impl MethodArgs {
                 config: IncrementalConfig {
                     query: self.query.clone(),
                     max_summary_tokens: self.max_summary_tokens()?,
+                    summary_words: self.summary_words(),
                 },
             },
             MethodName::Hierarchical => MethodSpec::Hierarchical {
                 config: HierarchicalConfig {
                     query: self.query.clone(),
                     max_summary_tokens: self.max_summary_tokens()?,
+                    summary_words: self.summary_words(),
                 },
             },
             MethodName::Detail => self.detail_spec()?,
@@ -155,6 +176,7 @@ impl MethodArgs {
                     config: WholeConfig {
                         query: self.query.clone(),
                         answer_tokens: self.answer_tokens,
+                        summary_words: self.summary_words(),
                         answer_form: AnswerForm::Summary,
                     },
                 }
@@ -205,6 +227,10 @@ impl MethodArgs {
         })
     }
 
+    fn summary_words(&self) -> Option<usize> {
+        self.summary_words.map(|words| words as usize)
+    }
+
     fn max_summary_tokens(&self) -> Result<usize> {
         anyhow::ensure!(
             self.max_summary_tokens > 0,
@@ -226,6 +252,7 @@ impl MethodArgs {
             query: self.query.clone(),
             step_tokens: self.revision_tokens,
             answer_tokens: self.answer_tokens,
+            summary_words: self.summary_words(),
             memory_token_limit: (self.memory_token_limit > 0).then_some(self.memory_token_limit),
             constrained: self.constrained == OnOff::On,
         }

@@ -297,6 +297,10 @@ pub struct SamplingArgs {
     /// Forbid any token that would repeat an N-gram of tokens already generated; 0 (the default) is off.
     #[arg(long, value_name = "N")]
     pub no_repeat_ngram: Option<usize>,
+    /// Forbid any token that would copy a run of N tokens from the text a prompt asks to
+    /// summarize (local engine only); 0 (the default) is off.
+    #[arg(long, value_name = "N")]
+    pub no_copy: Option<usize>,
     /// Stop when the output repeats a line or sentence it already wrote, cutting the repeat.
     /// Default: on for summarize and bench, off elsewhere. Ignored under a grammar.
     #[arg(long, value_enum)]
@@ -324,6 +328,7 @@ impl SamplingArgs {
                 on == super::method_args::OnOff::On
             }),
             no_repeat_ngram: self.no_repeat_ngram.unwrap_or(defaults.no_repeat_ngram),
+            no_copy_ngram: self.no_copy.unwrap_or(defaults.no_copy_ngram),
             loop_guard: self.loop_guard.map_or(defaults.loop_guard, |on| {
                 on == super::method_args::OnOff::On
             }),

@@ -155,15 +155,20 @@ fn run_job(args: &RunArgs, spec: MethodSpec, source: &Path, text: &str) -> Resul
     match outcome {
         Outcome::Finished { summary, stats } => {
             outln!("{summary}")?;
+            let target = stats
+                .run
+                .summary_words_target
+                .map_or(String::new(), |words| format!(" (target {words})"));
             note!(
-                "{}: {} calls, cache hit {:.1}%, net {} tokens, output {}, cost index {:.4}, answer {} tokens, {:.0}s",
+                "{}: {} calls, cache hit {:.1}%, net {} tokens, output {}, cost index {:.4}, answer {} words{target}, {:.0}% of its 8-grams copied, {:.0}s",
                 args.out.display(),
                 stats.run.calls,
                 100.0 * stats.figures.cache_hit_rate,
                 stats.figures.net_tokens,
                 stats.figures.output_tokens,
                 stats.figures.cost_index,
-                stats.run.summary_tokens,
+                stats.run.summary_words,
+                100.0 * stats.run.copied_8gram_share.unwrap_or(0.0),
                 stats.run.wall_seconds,
             );
         }

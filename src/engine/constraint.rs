@@ -123,6 +123,13 @@ impl Constraint {
             .consume_token(token)
             .map_err(|e| Error::invalid("grammar", e.to_string()))
     }
+
+    /// Go back before the last `count` accepted tokens.
+    pub fn rollback(&mut self, count: usize) -> Result<()> {
+        self.matcher
+            .rollback(count)
+            .map_err(|e| Error::invalid("grammar", e.to_string()))
+    }
 }
 
 /// The bytes each token stands for, special tokens marked with the 0xFF byte

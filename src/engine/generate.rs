@@ -4,8 +4,8 @@
 
 use super::constraint::Constraint;
 use super::model::Pass;
-use super::sampling::{self, Sampler, TokenMarks};
-use super::{Engine, GenerateOptions, Generation, LineCheck, StopReason, Usage};
+use super::sampling::{self, CopySource, Sampler, TokenMarks};
+use super::{Engine, GenerateOptions, Generation, LineCheck, LineVerdict, StopReason, Usage};
 use crate::error::{CandleContext, Result};
 use candle_core::Tensor;
 use std::collections::VecDeque;
@@ -74,8 +74,9 @@ impl Engine {
         let (mut logits, mut usage) = self.prefill(prompt)?;
         let decode_start = Instant::now();
         let stop_ids = self.format.tokenizer().stop_token_ids().to_vec();
+        let copy_source = CopySource::new(&options.copy_source, options.sampling.no_copy_ngram);
         let mut chooser = TokenChooser {
-            sampler: Sampler::new(&options.sampling, marks),
+            sampler: Sampler::new(&options.sampling, marks, copy_source),
             constraint,
             history: prompt.to_vec(),
             prompt_len: prompt.len(),
@@ -89,31 +90,60 @@ impl Engine {
         // it, valid while the sampled tokens follow the draft.
         let mut drafts: VecDeque<(u32, Tensor)> = VecDeque::new();
         let mut tokens = Vec::new();
+        // Lines the line check skipped, whose tokens are banned where a
+        // new line retraces them.
+        let mut skipped: Vec<SkippedLine> = Vec::new();
         let decoding = self.model.decoding();
         // Set when a stop string, the loop guard or the line check cuts the text.
         let mut cut_text = None;
         let stop_reason = loop {
-            if tokens.len() == options.max_tokens {
+            // Counted over every token sampled, skipped lines' too, so a
+            // model that keeps writing refused lines still runs out.
+            if usage.output_tokens >= options.max_tokens {
                 break StopReason::MaxTokens;
             }
-            let token = chooser.next(&logits, &mut usage)?;
+            let banned = skipped_line_bans(&skipped, &tokens);
+            let token = chooser.next(&logits, &mut usage, &banned)?;
             usage.output_tokens += 1;
             if stop_ids.contains(&token) {
                 break StopReason::EndOfTurn;
             }
             chooser.accept(token)?;
             tokens.push(token);
-            if let Some((cut, reason)) = watch.check(&tokens, |tokens| {
-                self.format.tokenizer().decode(tokens, true)
-            })? {
-                cut_text = Some(cut);
-                break reason;
+            let decode = |tokens: &[u32]| self.format.tokenizer().decode(tokens, true);
+            match watch.check(&tokens, decode)? {
+                None => {}
+                Some(Watched::Stop { keep, reason }) => {
+                    cut_text = Some(keep);
+                    break reason;
+                }
+                Some(Watched::SkipLine { start, from }) => {
+                    let kept = tokens_before(&tokens, start, decode)?;
+                    let ban_at = tokens_before(&tokens, start + from, decode)?;
+                    skipped.push(SkippedLine {
+                        start: kept,
+                        tokens: tokens[kept..].to_vec(),
+                        ban_from: ban_at.saturating_sub(kept),
+                    });
+                    // Back to the last kept token: its logits are recomputed
+                    // from the cache as it stood when it was sampled.
+                    let cache = &mut self.slots.active_mut().cache;
+                    cache.truncate(cache.len() - drafts.len());
+                    drafts.clear();
+                    chooser.rollback(tokens.len() - kept)?;
+                    tokens.truncate(kept);
+                    let last = chooser.history.len() - 1;
+                    cache.truncate(last);
+                    logits = self.model.forward(&chooser.history[last..], cache, Pass::Decode)?;
+                    usage.decode_steps += 1;
+                    continue;
+                }
             }
             usage.decode_seconds = decode_start.elapsed().as_secs_f64();
             if !on_tokens(&tokens, &usage) {
                 break StopReason::Cancelled;
             }
-            if tokens.len() == options.max_tokens {
+            if usage.output_tokens >= options.max_tokens {
                 break StopReason::MaxTokens;
             }
             let cache = &mut self.slots.active_mut().cache;
@@ -202,17 +232,22 @@ struct TokenChooser {
 }
 
 impl TokenChooser {
-    fn next(&mut self, logits: &Tensor, usage: &mut Usage) -> Result<u32> {
-        let Some(constraint) = self.constraint.as_mut() else {
+    /// The next token, never one of `banned` (sorted) unless the grammar
+    /// allows nothing else.
+    fn next(&mut self, logits: &Tensor, usage: &mut Usage, banned: &[u32]) -> Result<u32> {
+        if self.constraint.is_none() && banned.is_empty() {
             return self.sampler.sample(logits, &self.history, self.prompt_len);
-        };
-        let start = Instant::now();
+        }
         let mut values = logits.to_vec1::<f32>().context("grammar mask")?;
-        constraint.mask(&mut values)?;
-        usage.mask_seconds += start.elapsed().as_secs_f64();
-        // After the mask, so the n-gram ban can see what the grammar allows.
+        if let Some(constraint) = self.constraint.as_mut() {
+            let start = Instant::now();
+            constraint.mask(&mut values)?;
+            usage.mask_seconds += start.elapsed().as_secs_f64();
+        }
+        // After the mask, so the bans can see what the grammar allows.
         self.sampler
             .penalize(&mut values, &self.history, self.prompt_len);
+        sampling::apply_bans(&mut values, banned);
         let len = values.len();
         let masked =
             Tensor::from_vec(values, len, &candle_core::Device::Cpu).context("grammar mask")?;
@@ -226,6 +261,66 @@ impl TokenChooser {
         self.history.push(token);
         Ok(())
     }
+
+    /// Forget the last `count` accepted tokens.
+    fn rollback(&mut self, count: usize) -> Result<()> {
+        if let Some(constraint) = self.constraint.as_mut() {
+            constraint.rollback(count)?;
+        }
+        self.history.truncate(self.history.len() - count);
+        Ok(())
+    }
+}
+
+/// A line the line check skipped: where it started among the generated
+/// tokens, its tokens, and from which of them on a new line that retraces
+/// it is turned away.
+struct SkippedLine {
+    start: usize,
+    tokens: Vec<u32>,
+    ban_from: usize,
+}
+
+/// The tokens banned after `tokens`: for each skipped line that began at
+/// the same place and that the tokens since retrace exactly, the token it
+/// went on with, once the retrace has reached the line's banned part.
+fn skipped_line_bans(skipped: &[SkippedLine], tokens: &[u32]) -> Vec<u32> {
+    let mut banned: Vec<u32> = skipped
+        .iter()
+        .filter_map(|line| {
+            let written = tokens.get(line.start..)?;
+            let next = *line.tokens.get(written.len())?;
+            (written.len() >= line.ban_from && line.tokens.starts_with(written)).then_some(next)
+        })
+        .collect();
+    banned.sort_unstable();
+    banned.dedup();
+    banned
+}
+
+/// How many of `tokens` decode to text that ends at or before byte `offset`
+/// of their whole decoded text: the tokens to keep to cut the text there (a
+/// token that spans the offset goes too).
+fn tokens_before(
+    tokens: &[u32],
+    offset: usize,
+    decode: impl Fn(&[u32]) -> Result<String>,
+) -> Result<usize> {
+    for kept in (0..=tokens.len()).rev() {
+        if decode(&tokens[..kept])?.len() <= offset {
+            return Ok(kept);
+        }
+    }
+    Ok(0)
+}
+
+/// What the text watch saw.
+enum Watched {
+    /// Stop, keeping this text.
+    Stop { keep: String, reason: StopReason },
+    /// The line at byte `start` was refused; decode on in its place (see
+    /// [`LineVerdict::Skip`]).
+    SkipLine { start: usize, from: usize },
 }
 
 /// Watches the text generated so far for a reason to stop before the end.
@@ -239,7 +334,8 @@ struct TextWatch<'a> {
 }
 
 impl TextWatch<'_> {
-    /// The text to keep and why, when the output should stop after `tokens`.
+    /// What to do after `tokens`: nothing, stop (with the text to keep and
+    /// why), or skip a refused line.
     ///
     /// The text is decoded here only for stop strings, and for the loop guard
     /// and line check when a line or sentence may have ended: at a token
@@ -249,10 +345,13 @@ impl TextWatch<'_> {
         &mut self,
         tokens: &[u32],
         decode: impl FnOnce(&[u32]) -> Result<String>,
-    ) -> Result<Option<(String, StopReason)>> {
+    ) -> Result<Option<Watched>> {
         if self.loop_guard {
             if let Some(keep) = sampling::periodic_tail(tokens) {
-                return Ok(Some((decode(&tokens[..keep])?, StopReason::Repetition)));
+                return Ok(Some(Watched::Stop {
+                    keep: decode(&tokens[..keep])?,
+                    reason: StopReason::Repetition,
+                }));
             }
         }
         let unit_may_end = (self.loop_guard || self.refuse_line.is_some())
@@ -265,13 +364,22 @@ impl TextWatch<'_> {
             return Ok(None);
         }
         let so_far = decode(tokens)?;
-        let keep = |cut: usize, reason| Ok(Some((so_far[..cut].to_string(), reason)));
+        let keep = |cut: usize, reason| {
+            Ok(Some(Watched::Stop {
+                keep: so_far[..cut].to_string(),
+                reason,
+            }))
+        };
         if let Some(cut) = first_stop(&so_far, self.stops) {
             return keep(cut, StopReason::StopString);
         }
         if let Some(refuse_line) = self.refuse_line {
-            if let Some(cut) = first_refused_line(&so_far, &mut self.line_start, refuse_line) {
-                return keep(cut, StopReason::LineRefused);
+            match first_refused_line(&so_far, &mut self.line_start, refuse_line) {
+                None | Some((_, LineVerdict::Keep)) => {}
+                Some((cut, LineVerdict::Stop)) => return keep(cut, StopReason::LineRefused),
+                Some((start, LineVerdict::Skip { from })) => {
+                    return Ok(Some(Watched::SkipLine { start, from }))
+                }
             }
         }
         if unit_may_end && self.loop_guard {
@@ -313,26 +421,47 @@ fn first_stop(text: &str, stops: &[String]) -> Option<usize> {
 }
 
 /// Check each whole line of `text` from `*line_start` on: the byte offset
-/// where the first refused line starts, or `None` with `*line_start` moved
-/// past every line that passed.
+/// where the first line not kept starts, with the verdict on it, or `None`
+/// with `*line_start` moved past every line that was kept.
 pub(crate) fn first_refused_line(
     text: &str,
     line_start: &mut usize,
-    refuse: &LineCheck,
-) -> Option<usize> {
+    check: &LineCheck,
+) -> Option<(usize, LineVerdict)> {
     while let Some(length) = text.get(*line_start..).and_then(|rest| rest.find('\n')) {
         let line = &text[*line_start..*line_start + length];
-        if refuse(&text[..*line_start], line) {
-            return Some(*line_start);
+        match check(&text[..*line_start], line) {
+            LineVerdict::Keep => *line_start += length + 1,
+            verdict => return Some((*line_start, verdict)),
         }
-        *line_start += length + 1;
     }
     None
 }
 
+/// `text` with the line check applied after the fact, for models that
+/// cannot check while they generate: skipped lines are taken out, and the
+/// text ends before a line the check stops at.
+pub(crate) fn check_lines_after(text: &str, check: &LineCheck) -> String {
+    let mut text = text.to_string();
+    let mut line_start = 0;
+    while let Some((start, verdict)) = first_refused_line(&text, &mut line_start, check) {
+        match verdict {
+            LineVerdict::Skip { .. } => {
+                let end = text[start..].find('\n').map_or(text.len(), |at| start + at + 1);
+                text.replace_range(start..end, "");
+            }
+            _ => {
+                text.truncate(start);
+                break;
+            }
+        }
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{first_refused_line, first_stop, lookup_draft};
+    use super::{check_lines_after, first_refused_line, first_stop, lookup_draft, LineVerdict};
 
     #[test]
     fn a_draft_is_what_followed_the_latest_earlier_key() {
@@ -356,11 +485,44 @@ mod tests {
     }
 
     #[test]
+    fn checking_after_the_fact_drops_skipped_lines_and_cuts_at_a_stop() {
+        let check = |_kept: &str, line: &str| match line {
+            "skip" => LineVerdict::Skip { from: 0 },
+            "stop" => LineVerdict::Stop,
+            _ => LineVerdict::Keep,
+        };
+        assert_eq!(check_lines_after("a\nskip\nb\nskip\nc", &check), "a\nb\nc");
+        assert_eq!(check_lines_after("a\nstop\nb\n", &check), "a\n");
+        assert_eq!(check_lines_after("skip\nskip\n", &check), "");
+    }
+
+    #[test]
+    fn a_skipped_line_bans_its_next_token_only_where_it_is_retraced() {
+        use super::{skipped_line_bans, SkippedLine};
+        let skipped = [SkippedLine {
+            start: 2,
+            tokens: vec![7, 8, 9],
+            ban_from: 1,
+        }];
+        // Before its banned part: nothing banned.
+        assert!(skipped_line_bans(&skipped, &[1, 1]).is_empty());
+        assert!(skipped_line_bans(&skipped, &[1, 1, 7]).contains(&8));
+        assert_eq!(skipped_line_bans(&skipped, &[1, 1, 7, 8]), [9]);
+        // Once the new line goes another way, or past its end, nothing.
+        assert!(skipped_line_bans(&skipped, &[1, 1, 6]).is_empty());
+        assert!(skipped_line_bans(&skipped, &[1, 1, 7, 8, 9]).is_empty());
+    }
+
+    #[test]
     fn the_line_check_sees_each_whole_line_once_with_what_was_kept() {
         let seen = std::cell::RefCell::new(Vec::new());
         let refuse_b = |kept: &str, line: &str| {
             seen.borrow_mut().push((kept.to_string(), line.to_string()));
-            line == "b"
+            if line == "b" {
+                LineVerdict::Stop
+            } else {
+                LineVerdict::Keep
+            }
         };
         let mut start = 0;
         assert_eq!(
@@ -370,7 +532,7 @@ mod tests {
         assert_eq!(start, 2);
         assert_eq!(
             first_refused_line("a\npartial c\nb\nd\n", &mut start, &refuse_b),
-            Some(12)
+            Some((12, LineVerdict::Stop))
         );
         assert_eq!(
             seen.into_inner(),

@@ -22,7 +22,7 @@ pub mod sampling;
 pub mod source;
 pub mod tokenizer;
 
-pub(crate) use generate::first_refused_line;
+pub(crate) use generate::{check_lines_after, first_refused_line};
 
 use crate::error::{without_panic, Error, Result};
 use batch::ModelRunner;
@@ -118,6 +118,10 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     /// When set, only tokens that keep the output inside this grammar are sampled.
     pub grammar: Option<Grammar>,
+    /// Token ids of the text the output must not copy long runs of
+    /// (`sampling.no_copy_ngram`): the chunk a prompt asks to summarize.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub copy_source: Vec<u32>,
 }
 
 impl Default for GenerateOptions {
@@ -127,6 +131,7 @@ impl Default for GenerateOptions {
             sampling: SamplingConfig::default(),
             stop: Vec::new(),
             grammar: None,
+            copy_source: Vec::new(),
         }
     }
 }
@@ -152,9 +157,21 @@ pub enum StopReason {
 }
 
 /// A check on each whole line of output as it is generated: given the text
-/// kept so far (whole lines) and the next line (without its `\n`), whether
-/// to stop before that line. See [`Engine::generate_checking_lines`].
-pub type LineCheck<'a> = dyn Fn(&str, &str) -> bool + 'a;
+/// kept so far (whole lines) and the next line (without its `\n`), what to
+/// do with that line. See [`Engine::generate_checking_lines`].
+pub type LineCheck<'a> = dyn Fn(&str, &str) -> LineVerdict + 'a;
+
+/// What a [`LineCheck`] says of one line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineVerdict {
+    Keep,
+    /// Drop the line and decode on in its place. From byte `from` of the
+    /// line on, the tokens it was written with are banned where the new
+    /// line follows it token for token, so the model writes something else.
+    Skip { from: usize },
+    /// Stop before the line.
+    Stop,
+}
 
 /// The result of one call.
 #[derive(Debug, Clone, serde::Serialize)]

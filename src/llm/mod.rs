@@ -8,7 +8,7 @@ mod side_by_side;
 use crate::engine::constraint::Grammar;
 use crate::engine::prompt_format::PromptFormat;
 use crate::engine::{
-    first_refused_line, Engine, EngineIdentity, GenerateOptions, LineCheck, Usage,
+    check_lines_after, Engine, EngineIdentity, GenerateOptions, LineCheck, Usage,
 };
 use crate::error::Result;
 use remote::{CacheFigures, RemoteIdentity, RemoteLlm, RemoteModel};
@@ -23,6 +23,9 @@ use side_by_side::SideBySide;
 pub struct Prompt {
     pub system: Option<String>,
     pub segments: Vec<String>,
+    /// The segment that holds the text to summarize, which the output may
+    /// not copy runs of `no_copy_ngram` tokens from (local engine only).
+    pub source: Option<usize>,
 }
 
 /// What one call produced and cost.
@@ -50,10 +53,12 @@ pub trait Llm {
         max_tokens: usize,
         grammar: Option<&Grammar>,
     ) -> Result<Completion>;
-    /// [`complete`](Llm::complete), but the text ends before the first whole
-    /// line that `refuse_line` refuses (see [`Engine::generate_checking_lines`]).
-    /// This default cuts the finished text; a model that checks while it
-    /// generates stops there and spends no more tokens.
+    /// [`complete`](Llm::complete), with each whole line of the text checked
+    /// by `refuse_line`: a skipped line is replaced by what the model writes
+    /// instead, and the text ends before a line it stops at (see
+    /// [`Engine::generate_checking_lines`]). This default applies the check
+    /// to the finished text; a model that checks while it generates spends
+    /// no tokens past a stop and writes on after a skip.
     fn complete_checking_lines(
         &mut self,
         prompt: &Prompt,
@@ -62,9 +67,7 @@ pub trait Llm {
         refuse_line: &LineCheck,
     ) -> Result<Completion> {
         let mut completion = self.complete(prompt, max_tokens, grammar)?;
-        if let Some(cut) = first_refused_line(&completion.text, &mut 0, refuse_line) {
-            completion.text.truncate(cut);
-        }
+        completion.text = check_lines_after(&completion.text, refuse_line);
         Ok(completion)
     }
     /// Complete every one of `requests`, answers in their order, telling
@@ -236,9 +239,16 @@ impl<'a> EngineLlm<'a> {
     ) -> Result<Completion> {
         let ids = self.token_ids(prompt)?;
         tracing::trace!(target: "prism::prompt", system = ?prompt.system, "{}", prompt.segments.concat());
+        let copy_source = match prompt.source.and_then(|at| prompt.segments.get(at)) {
+            Some(text) if self.options.sampling.no_copy_ngram > 0 => {
+                self.engine.tokenizer().encode(text)?
+            }
+            _ => Vec::new(),
+        };
         let options = GenerateOptions {
             max_tokens,
             grammar: grammar.cloned(),
+            copy_source,
             ..self.options.clone()
         };
         let generation = self

@@ -11,7 +11,7 @@ use crate::engine::chat::ChatMessage;
 use crate::engine::constraint::Grammar;
 use crate::engine::kv_cache::common_prefix;
 use crate::engine::prompt_format::PromptFormat;
-use crate::engine::{first_refused_line, GenerateOptions, LineCheck, Usage};
+use crate::engine::{first_refused_line, GenerateOptions, LineCheck, LineVerdict, Usage};
 use crate::error::{Error, Result};
 use crate::metrics::Figures;
 use serde::Deserialize;
@@ -190,7 +190,8 @@ impl RemoteModel {
     }
 
     /// The text of a streamed reply up to the first line `refuse_line`
-    /// refuses, and the last usage the server reported on the way (none from
+    /// stops at, less the lines it skips (the server cannot be steered away
+    /// from them, so they are only dropped), and the last usage the server reported on the way (none from
     /// a server that reports usage only at the end of a stream cut short).
     /// Returning drops the response, which closes the connection.
     fn read_stream(
@@ -219,9 +220,16 @@ impl RemoteModel {
             if let Some(piece) = chunk.choices.first().and_then(StreamChoice::piece) {
                 text.push_str(piece);
             }
-            if let Some(cut) = first_refused_line(&text, &mut checked, refuse_line) {
-                text.truncate(cut);
-                break;
+            match first_refused_line(&text, &mut checked, refuse_line) {
+                None | Some((_, LineVerdict::Keep)) => {}
+                Some((start, LineVerdict::Skip { .. })) => {
+                    let end = text[start..].find('\n').map_or(text.len(), |at| start + at + 1);
+                    text.replace_range(start..end, "");
+                }
+                Some((cut, LineVerdict::Stop)) => {
+                    text.truncate(cut);
+                    break;
+                }
             }
         }
         Ok((text, usage))

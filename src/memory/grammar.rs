@@ -18,10 +18,11 @@ use serde_json::{json, Map, Value};
 /// The most revision lines one constrained step may write. A line holds one
 /// note, and a dense chunk of 2,000 tokens may call for a few dozen.
 pub const MAX_LINES: usize = 48;
-/// The longest string value a constrained revision may hold: two long
-/// sentences. A note cut here loses its end, so the bound sits well above
-/// what one note needs.
-pub const MAX_STRING_CHARS: usize = 400;
+/// The longest string value a constrained revision may hold: about 45
+/// words, twice what the prompt asks of a note. A note cut here loses its
+/// end, so the bound sits well above what one note needs, and it keeps a
+/// note from becoming a copied paragraph.
+pub const MAX_STRING_CHARS: usize = 280;
 /// The most items a list an `add` writes may hold. An `update` rewrites a
 /// whole list and is not bounded, so that it never cuts what was there.
 pub const MAX_LIST_ITEMS: usize = 8;
@@ -316,7 +317,7 @@ mod tests {
             .contains(r#"r0: "{\"op\": \"add\", \"path\": \"$.'" KEY "'\", \"value\": " %json "#));
         assert!(grammar.contains(r#""maxItems":8"#));
         assert!(
-            grammar.contains(r#""pattern":"^[^<>\\n]{0,400}$""#),
+            grammar.contains(r#""pattern":"^[^<>\\n]{0,280}$""#),
             "{grammar}"
         );
         assert!(!grammar.contains("update"));

@@ -22,6 +22,10 @@ pub enum RefusalKind {
     Duplicate,
     /// It copied the instructions, the examples or the schema.
     Echo,
+    /// It copied a long run of the chunk's words instead of noting it in its own.
+    Copy,
+    /// Its words are mostly not in what was read: it notes the world, not the text.
+    Ungrounded,
 }
 
 /// A revision the program refused, with the reason.
@@ -129,6 +133,8 @@ fn redundant(revision: &Revision, dropped: &Dropped) -> Refused {
         Redundancy::Duplicate => (RefusalKind::Duplicate, "duplicate: the memory already says"),
         Redundancy::Echo => (RefusalKind::Echo, "echo: copied from the prompt or schema"),
         Redundancy::Empty => (RefusalKind::Invalid, "empty: says nothing"),
+        Redundancy::Copy => (RefusalKind::Copy, "copy: repeats a long run of the text's words"),
+        Redundancy::Ungrounded => (RefusalKind::Ungrounded, "ungrounded: most of its words are not in what was read"),
     };
     Refused {
         revision: Some(render_revision(revision).trim_end().to_string()),

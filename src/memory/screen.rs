@@ -1,6 +1,9 @@
 //! Screening revisions for content that adds nothing: a value the memory
-//! already holds (a *duplicate*), or text lifted from the instructions,
-//! examples or schema the model was shown (an *echo*).
+//! already holds (a *duplicate*), text lifted from the instructions,
+//! examples or schema the model was shown (an *echo*), a run of words
+//! copied from the chunk instead of noted in the model's own words (a
+//! *copy*), or a note whose words are mostly not in what was read (an
+//! *ungrounded* note: the model writing what it knows of the world).
 //!
 //! [`apply`](super::apply) checks that a revision fits the schema; this
 //! checks that it says something new. Small models under greedy decoding
@@ -38,6 +41,31 @@ pub const LOOP_JACCARD: f64 = 0.5;
 /// a date of the document may rightly recur, but not one lifted from a
 /// worked example.
 const MIN_WORDS: usize = 4;
+/// A string that repeats this many consecutive words of the source (the
+/// chunk being noted) copies it: a note is in the model's own words, with
+/// room for a name, a title or a short quote.
+pub const COPY_RUN_WORDS: usize = 12;
+
+/// The share of a string's content words that must occur in what was read
+/// (the chunk and what the model was shown of it) for the string to be
+/// grounded. A note in the model's own words keeps most of the text's
+/// nouns and names; one about the world at large keeps few: "The lighthouse
+/// is a source of inspiration for local artists and writers" keeps one of
+/// six, "Gull Rock Light is an important landmark in the region" three.
+/// The memory does not count: once one such note was kept, its words
+/// grounded the next ones.
+pub const GROUNDED_SHARE: f64 = 0.6;
+/// Content words are at least this long and not in [`COMMON_WORDS`]; two
+/// words are the same when their first [`STEM_CHARS`] letters are.
+const CONTENT_CHARS: usize = 4;
+const STEM_CHARS: usize = 5;
+/// Words too common to tell whether a note is about the text.
+const COMMON_WORDS: &[&str] = &[
+    "about", "after", "also", "been", "before", "being", "from", "have", "into", "more", "most",
+    "only", "other", "over", "some", "such", "than", "that", "their", "them", "then", "there",
+    "these", "they", "this", "those", "very", "were", "what", "when", "where", "which", "while",
+    "will", "with", "would",
+];
 
 /// Why a value was screened out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -49,6 +77,11 @@ pub enum Redundancy {
     Echo,
     /// It has no words: an empty or blank string says nothing.
     Empty,
+    /// It copies a run of [`COPY_RUN_WORDS`] words from the source.
+    Copy,
+    /// Too few of its content words are in the source or the memory
+    /// ([`GROUNDED_SHARE`]).
+    Ungrounded,
 }
 
 /// A value taken out of a revision, and why.
@@ -74,6 +107,10 @@ pub struct Screened {
 pub struct Screen {
     reference: HashSet<[String; 4]>,
     phrases: HashSet<String>,
+    /// Every run of [`COPY_RUN_WORDS`] words of the source, when one is set.
+    source: HashSet<Vec<String>>,
+    /// The stems of the words of the source and of what else was read.
+    read: HashSet<String>,
 }
 
 impl Screen {
@@ -89,7 +126,63 @@ impl Screen {
         Screen {
             reference: grams,
             phrases,
+            source: HashSet::new(),
+            read: HashSet::new(),
         }
+    }
+
+    /// This screen, also refusing strings that copy a run of
+    /// [`COPY_RUN_WORDS`] words from `source`, and, when the model was shown
+    /// a summary of it (`shown`) rather than the source itself, strings
+    /// whose words are mostly in neither. Shown the source, a model has it
+    /// in front of it; shown a summary, it drifted to what it knows of the
+    /// world.
+    pub fn with_source(&self, source: &str, shown: Option<&str>) -> Screen {
+        let source_words = words(source);
+        let read = match shown {
+            Some(shown) => source_words
+                .iter()
+                .chain(&words(shown))
+                .map(|word| stem(word))
+                .collect(),
+            None => HashSet::new(),
+        };
+        Screen {
+            source: source_words
+                .windows(COPY_RUN_WORDS)
+                .map(<[String]>::to_vec)
+                .collect(),
+            read,
+            ..self.clone()
+        }
+    }
+
+    /// Whether too few of `text`'s content words are in what was read
+    /// ([`GROUNDED_SHARE`]); never without a summary shown.
+    fn ungrounded(&self, text: &str) -> bool {
+        if self.read.is_empty() {
+            return false;
+        }
+        let content: Vec<String> = words(text)
+            .into_iter()
+            .filter(|word| word.chars().count() >= CONTENT_CHARS && !COMMON_WORDS.contains(&word.as_str()))
+            .collect();
+        if content.is_empty() {
+            return false;
+        }
+        let grounded = content
+            .iter()
+            .filter(|word| self.read.contains(&stem(word)))
+            .count();
+        (grounded as f64) < GROUNDED_SHARE * content.len() as f64
+    }
+
+    /// Whether `text` repeats a run of [`COPY_RUN_WORDS`] words of the source.
+    fn copies_source(&self, text: &str) -> bool {
+        !self.source.is_empty()
+            && words(text)
+                .windows(COPY_RUN_WORDS)
+                .any(|run| self.source.contains(run))
     }
 
     /// Take out of `revision` what `memory` already holds or what copies the
@@ -136,14 +229,23 @@ impl Screen {
                 }],
             };
         }
-        if let Some(echo) = strings.iter().find(|text| self.echoes(text)) {
-            return Screened {
-                kept: None,
-                dropped: vec![Dropped {
-                    text: echo.clone(),
-                    why: Redundancy::Echo,
-                }],
-            };
+        // One string that echoes the prompt, copies the source or was not
+        // read takes the whole value with it.
+        let tests: [(fn(&Screen, &str) -> bool, Redundancy); 3] = [
+            (Screen::echoes, Redundancy::Echo),
+            (Screen::copies_source, Redundancy::Copy),
+            (Screen::ungrounded, Redundancy::Ungrounded),
+        ];
+        for (fails, why) in tests {
+            if let Some(text) = strings.iter().find(|text| fails(self, text)) {
+                return Screened {
+                    kept: None,
+                    dropped: vec![Dropped {
+                        text: text.clone(),
+                        why,
+                    }],
+                };
+            }
         }
         let all_duplicates = strings.iter().all(|text| is_duplicate(&words(text), &seen));
         if all_duplicates {
@@ -210,6 +312,10 @@ impl Screen {
                 Some(Redundancy::Empty)
             } else if self.echoes(text) {
                 Some(Redundancy::Echo)
+            } else if self.copies_source(text) {
+                Some(Redundancy::Copy)
+            } else if self.ungrounded(text) {
+                Some(Redundancy::Ungrounded)
             } else if is_duplicate(&item_words, seen) {
                 Some(Redundancy::Duplicate)
             } else {
@@ -373,6 +479,12 @@ fn spelled_words(text: &str) -> impl Iterator<Item = &str> {
         .filter(|word| !word.is_empty())
 }
 
+/// The first [`STEM_CHARS`] letters of `word`: "whitewashes" and
+/// "whitewash" are one word.
+fn stem(word: &str) -> String {
+    word.chars().take(STEM_CHARS).collect()
+}
+
 fn four_grams(words: &[String]) -> Vec<[String; 4]> {
     words
         .windows(4)
@@ -385,6 +497,51 @@ mod tests {
     use super::*;
     use crate::memory::testing::rev;
     use serde_json::json;
+
+    #[test]
+    fn a_note_that_copies_a_long_run_of_the_source_is_a_copy() {
+        let chunk = "On the Wednesday a fog came down so thick that the beam seemed to stop a few yards from the glass, and we sounded the horn.";
+        let screen = Screen::new(["You keep notes."]).with_source(chunk, None);
+        let memory = json!({"events": []});
+        let copied = rev(
+            Op::Add,
+            "$.events",
+            json!("A fog came down so thick that the beam seemed to stop a few yards away."),
+        );
+        let screened = screen.screen(&memory, &copied);
+        assert_eq!(screened.kept, None);
+        assert_eq!(screened.dropped[0].why, Redundancy::Copy);
+        // Its own words, with a name and a short phrase from the text, pass.
+        let own = rev(
+            Op::Add,
+            "$.events",
+            json!("On Wednesday thick fog hid the light, so the keepers sounded the horn."),
+        );
+        assert!(screen.screen(&memory, &own).kept.is_some());
+        // Without a source nothing is a copy.
+        assert!(Screen::new(["You keep notes."]).screen(&memory, &copied).kept.is_some());
+    }
+
+    #[test]
+    fn a_note_about_the_world_rather_than_what_was_read_is_ungrounded() {
+        let chunk = "Tomas Reddick read the letter twice and whitewashed the gallery rail.";
+        let shown = "The assistant keeper reads the Board's letter; Wenna Cole is the Marigold's skipper.";
+        let screen = Screen::new(["You keep notes."]).with_source(chunk, Some(shown));
+        let memory = json!({"themes": [], "people": {"Wenna Cole": ["Skipper of the Marigold."]}});
+        let note = |text: &str| rev(Op::Add, "$.themes", json!([text]));
+        let worldly = note("The lighthouse is a source of inspiration for local artists and writers.");
+        let screened = screen.screen(&memory, &worldly);
+        assert_eq!(screened.kept, None);
+        assert_eq!(screened.dropped[0].why, Redundancy::Ungrounded);
+        // Its own words count where they are the text's, or what it was shown, or stems of them.
+        for grounded in [
+            "Tomas whitewashes the rail after reading the letter.",
+            "The assistant keeper answers the Board.",
+            "Wenna Cole skippers the Marigold.",
+        ] {
+            assert!(screen.screen(&memory, &note(grounded)).kept.is_some(), "{grounded}");
+        }
+    }
 
     const SCHEMA_TEXT: &str = "Notes under headings you choose; each note is a short sentence that makes sense on its own.";
 

@@ -111,6 +111,7 @@ pub fn part_prompt(
         segments.push(EARLIER_HEADING.to_string());
         segments.extend(earlier.iter().map(|summary| earlier_segment(summary)));
     }
+    let source = segments.len();
     segments.push(format!(
         "\n## Part {part} of {chunks}\n{}\n",
         chunk.text.trim_end()
@@ -122,6 +123,7 @@ pub fn part_prompt(
     Prompt {
         system: Some(SYSTEM.to_string()),
         segments,
+        source: Some(source),
     }
 }
 

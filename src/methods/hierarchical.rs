@@ -9,6 +9,7 @@
 //! level, so the pieces of a level read as one story.
 
 use super::baseline::{part_prompt, summarize_alone, words_for, Call, SYSTEM};
+use super::length::{to_length, target_words};
 use crate::chunk::Chunk;
 use crate::error::{Error, Result};
 use crate::llm::{Llm, Prompt};
@@ -21,6 +22,10 @@ pub struct HierarchicalConfig {
     pub query: String,
     /// The most tokens of the top summary; lower levels get less.
     pub max_summary_tokens: usize,
+    /// The final summary's length in words; by default it scales with the
+    /// document ([`target_words`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary_words: Option<usize>,
 }
 
 /// Each level's summary budget as a share of the level above it.
@@ -174,6 +179,7 @@ impl<'a> Hierarchical<'a> {
         Prompt {
             system: Some(SYSTEM.to_string()),
             segments,
+            source: None,
         }
     }
 
@@ -352,9 +358,14 @@ impl Method for Hierarchical<'_> {
             return Ok(Advance::Steps(self.summarize_chunks(llm, state, chunks)?));
         }
         if let Some(summary) = state.finished(chunks.len()) {
+            // The top summary is held to BooookScore's budget; the answer is
+            // brought to the length every method aims at.
+            let target = target_words(self.config.summary_words, chunks);
             return Ok(Advance::Done(Finish {
-                summary: summary.to_string(),
+                summary: to_length(llm, summary, target)?.text,
+                summary_words_target: Some(target),
                 files: Vec::new(),
+                notes: Vec::new(),
                 figures: HierarchicalFigures {
                     levels: state.levels.len(),
                 },

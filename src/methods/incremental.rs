@@ -1,13 +1,15 @@
 //! BooookScore's incremental updating: summarize the first chunk, then fold
 //! each next chunk into the running summary. When the summary grows to its
 //! token budget or stops mid-sentence, a separate call compresses it, with a
-//! few tries of tightening length; the summary after the last chunk is the answer.
+//! few tries of tightening length; the summary after the last chunk, brought
+//! to the target length, is the answer.
 //!
 //! The update prompt puts the fixed instructions first, then the summary so
 //! far, then the chunk; only the instructions repeat from call to call, since
 //! the summary changes every time.
 
 use super::baseline::{ends_mid_sentence, part_prompt, words_for, Call, SYSTEM};
+use super::length::{to_length, target_words};
 use crate::chunk::Chunk;
 use crate::error::Result;
 use crate::llm::{Llm, Prompt};
@@ -19,6 +21,10 @@ pub struct IncrementalConfig {
     pub query: String,
     /// The most tokens of the running summary.
     pub max_summary_tokens: usize,
+    /// The final summary's length in words; by default it scales with the
+    /// document ([`target_words`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary_words: Option<usize>,
 }
 
 /// Compression calls one chunk may make before the best attempt is kept.
@@ -100,6 +106,7 @@ impl<'a> Incremental<'a> {
                 ),
                 format!("\nWrite the updated summary of everything so far, in at most {words} words. Output only the summary."),
             ],
+            source: Some(2),
         }
     }
 
@@ -114,6 +121,7 @@ impl<'a> Incremental<'a> {
                 format!("\n## Summary\n{summary}\n"),
                 format!("\nWrite the shorter summary in at most {words} words, ending with a full sentence. Output only the summary."),
             ],
+            source: None,
         }
     }
 
@@ -276,9 +284,14 @@ impl Method for Incremental<'_> {
             state.chunks_read += 1;
             return Ok(Advance::Step(step));
         }
+        // The running summary is held to BooookScore's budget; the answer
+        // is brought to the length every method aims at.
+        let target = target_words(self.config.summary_words, chunks);
         Ok(Advance::Done(Finish {
-            summary: state.summary.clone(),
+            summary: to_length(llm, &state.summary, target)?.text,
+            summary_words_target: Some(target),
             files: Vec::new(),
+            notes: Vec::new(),
             figures: IncrementalFigures {
                 compressions: state.compressions,
                 compression_failures: state.compression_failures,

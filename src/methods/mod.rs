@@ -12,6 +12,7 @@ pub mod cos;
 pub mod detail;
 pub mod hierarchical;
 pub mod incremental;
+pub mod length;
 pub mod prism;
 pub mod whole;
 
@@ -92,6 +93,9 @@ impl MethodSpec {
             MethodSpec::Prism { config, .. } => {
                 config.query = query.to_string();
                 config.answer_form = AnswerForm::Direct;
+                // A question may hinge on the text's exact words (a
+                // function's name), which a summary would lose.
+                config.reading = prism::Reading::Text;
             }
             MethodSpec::Whole { config } => {
                 config.query = query.to_string();

@@ -3,7 +3,8 @@
 //! not fit the model's context with the answer is refused with an error
 //! naming both sizes, never cut to fit.
 
-use super::baseline::{words_for, Call, SYSTEM};
+use super::baseline::{Call, SYSTEM};
+use super::length::{to_length, target_words, tokens_for};
 use super::AnswerForm;
 use crate::chunk::Chunk;
 use crate::error::{Error, Result};
@@ -14,8 +15,12 @@ use crate::run::{prompt_texts, Advance, Finish, Method, NoFigures, Position};
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct WholeConfig {
     pub query: String,
-    /// The most tokens of the summary.
+    /// The most tokens of a direct answer.
     pub answer_tokens: usize,
+    /// The summary's length in words; by default it scales with the document
+    /// ([`target_words`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary_words: Option<usize>,
     /// A summary, or the query answered directly.
     #[serde(default, skip_serializing_if = "AnswerForm::is_summary")]
     pub answer_form: AnswerForm,
@@ -50,6 +55,14 @@ impl<'a> Whole<'a> {
         Whole { config }
     }
 
+    /// The most tokens the call may write.
+    fn answer_tokens(&self, chunks: &[Chunk]) -> usize {
+        match self.config.answer_form {
+            AnswerForm::Summary => tokens_for(target_words(self.config.summary_words, chunks)),
+            AnswerForm::Direct => self.config.answer_tokens,
+        }
+    }
+
     /// The prompt that summarizes the document of `chunks`: the document
     /// (the chunks' texts in order, a blank line between two), then the query.
     pub fn prompt(&self, chunks: &[Chunk]) -> Prompt {
@@ -58,9 +71,9 @@ impl<'a> Whole<'a> {
             AnswerForm::Summary => (
                 SYSTEM,
                 format!(
-                    "\n## Request\n{}\nWrite the summary in plain prose, in at most {} words. Output only the summary.",
+                    "\n## Request\n{}\nWrite the summary in plain prose, in your own words, in about {} words. Output only the summary.",
                     self.config.query,
-                    words_for(self.config.answer_tokens)
+                    target_words(self.config.summary_words, chunks)
                 ),
             ),
             AnswerForm::Direct => (
@@ -75,6 +88,7 @@ impl<'a> Whole<'a> {
                 format!("{}\n", document.join("\n\n")),
                 request,
             ],
+            source: (self.config.answer_form == AnswerForm::Summary).then_some(1),
         }
     }
 }
@@ -116,14 +130,22 @@ impl Method for Whole<'_> {
         chunks: &[Chunk],
     ) -> Result<Advance<Step>> {
         if let Some(summary) = &state.summary {
+            if self.config.answer_form == AnswerForm::Direct {
+                return Ok(Advance::Done(Finish {
+                    summary: summary.clone(),
+                    ..Finish::default()
+                }));
+            }
+            let target = target_words(self.config.summary_words, chunks);
             return Ok(Advance::Done(Finish {
-                summary: summary.clone(),
+                summary: to_length(llm, summary, target)?.text,
+                summary_words_target: Some(target),
                 ..Finish::default()
             }));
         }
         let prompt = self.prompt(chunks);
         let prompt_tokens = llm.prompt_tokens(&prompt)?;
-        let (answer_tokens, context) = (self.config.answer_tokens, llm.context_tokens());
+        let (answer_tokens, context) = (self.answer_tokens(chunks), llm.context_tokens());
         if prompt_tokens + answer_tokens > context {
             return Err(Error::invalid(
                 "whole",
@@ -158,6 +180,7 @@ mod tests {
         WholeConfig {
             query: "Summarize the story.".into(),
             answer_tokens: 100,
+            summary_words: Some(65),
             answer_form: AnswerForm::Summary,
         }
     }
@@ -169,7 +192,8 @@ mod tests {
         let prompt = whole.prompt(&[chunk(0, "First part.\n\n"), chunk(1, "Second part.\n")]);
         assert_eq!(prompt.segments[1], "First part.\n\nSecond part.\n");
         assert!(prompt.segments[2].contains("Summarize the story."));
-        assert!(prompt.segments[2].contains("at most 65 words"));
+        assert!(prompt.segments[2].contains("about 65 words"));
+        assert_eq!(prompt.source, Some(1));
     }
 
     #[test]

@@ -66,7 +66,7 @@ pub fn echo_share(summary: &str, sources: &[String]) -> f64 {
 
 /// The words of `text`, lowercased and without punctuation; pieces with no
 /// letter or digit (a dash standing alone) are not words.
-fn words(text: &str) -> Vec<String> {
+pub(crate) fn words(text: &str) -> Vec<String> {
     normalize(text)
         .split(' ')
         .filter(|word| !word.is_empty())

@@ -1,6 +1,7 @@
 //! Token accounting: per-call usage summed into a ledger, and the figures
 //! (net tokens, cache hit rate, cost index, speeds) derived from it.
 
+pub mod copying;
 pub mod degeneration;
 
 use crate::engine::{is_zero, Usage};

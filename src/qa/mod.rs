@@ -56,6 +56,7 @@ pub fn passage_prompt(passage: &str, request: Vec<String>) -> Prompt {
     Prompt {
         system: Some(SYSTEM.to_string()),
         segments,
+        source: None,
     }
 }
 
@@ -313,6 +314,7 @@ pub fn answer_prompt(summary: &str, question: &str) -> Prompt {
             format!("{}\n", summary.trim()),
             format!("\nQuestion: {}\nAnswer in a few words:\n", question.trim()),
         ],
+        source: None,
     }
 }
 

@@ -17,6 +17,7 @@ use crate::engine::LineCheck;
 use crate::error::{Error, Result};
 use crate::llm::remote::CacheFigures;
 use crate::llm::{Completion, Llm, Prompt, Request};
+use crate::metrics::copying::{Copying, DocumentWords};
 use crate::metrics::degeneration::{echo_share, repeated_ngram_share};
 use crate::metrics::{Figures, Ledger};
 use crate::run::dir::{Checkpoint, RunDir};
@@ -101,6 +102,11 @@ pub struct Finish<F = NoFigures> {
     pub summary: String,
     /// Further JSON files for the run directory, e.g. `memory.json`.
     pub files: Vec<(&'static str, Value)>,
+    /// The notes of the method's memory, one string each, for the copying
+    /// figures of `stats.json`; empty for methods that keep no notes.
+    pub notes: Vec<String>,
+    /// The length in words the summary aimed at, for methods that aim at one.
+    pub summary_words_target: Option<usize>,
     /// The method's own figures, added to `stats.json` next to the shared ones.
     pub figures: F,
 }
@@ -188,6 +194,31 @@ pub struct RunStats {
     pub steps: usize,
     pub summary_tokens: usize,
     pub summary_words: usize,
+    /// The length in words the summary aimed at (`--summary-words`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary_words_target: Option<usize>,
+    /// Words of the document as the method read it (its chunks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub document_words: Option<usize>,
+    /// Summary words ÷ document words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<f64>,
+    /// The share of the summary's word 8-grams found verbatim in the
+    /// document, in 0..1 ([`Copying`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copied_8gram_share: Option<f64>,
+    /// The longest run of the summary's words copied from the document.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub longest_copy_words: Option<usize>,
+    /// Words of the memory's notes, for methods that keep notes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notes_words: Option<usize>,
+    /// The share of the notes' word 8-grams found verbatim in the document.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notes_copied_8gram_share: Option<f64>,
+    /// The longest run of one note's words copied from the document.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notes_longest_copy_words: Option<usize>,
     /// The share of the summary's word 4-grams that occur in it more than
     /// once, in 0..1 ([`repeated_ngram_share`]): high when it loops.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -353,6 +384,10 @@ fn write_finish<M: Method>(
     finish: Finish<M::Figures>,
 ) -> Result<(String, Stats<M::Figures>)> {
     let summary = finish.summary.trim().to_string();
+    let document: Vec<&str> = chunks.iter().map(|chunk| chunk.text.as_str()).collect();
+    let document = DocumentWords::new(&document.join("\n"));
+    let copying = document.copying(&[&summary]);
+    let notes = (!finish.notes.is_empty()).then(|| document.copying(&finish.notes));
     let stats = Stats {
         method: method.label(),
         figures: saved.ledger.figures(),
@@ -362,6 +397,14 @@ fn write_finish<M: Method>(
             steps: completed,
             summary_tokens: llm.count_tokens(&summary)?,
             summary_words: summary.split_whitespace().count(),
+            summary_words_target: finish.summary_words_target,
+            document_words: Some(document.len()),
+            compression: Some(copying.words as f64 / document.len().max(1) as f64),
+            copied_8gram_share: Some(copying.copied_8gram_share),
+            longest_copy_words: Some(copying.longest_copy_words),
+            notes_words: notes.map(|notes| notes.words),
+            notes_copied_8gram_share: notes.map(|notes| notes.copied_8gram_share),
+            notes_longest_copy_words: notes.map(|notes: Copying| notes.longest_copy_words),
             repeated_ngram_share: Some(repeated_ngram_share(&summary)),
             echo_share: Some(echo_share(&summary, &method.template_texts())),
             wall_seconds: saved.seconds,

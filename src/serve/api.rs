@@ -185,6 +185,7 @@ impl GenerationFields {
                 sampling,
                 stop,
                 grammar: self.grammar()?,
+                copy_source: Vec::new(),
             },
             stream: self.stream,
             include_usage: self
@@ -249,6 +250,7 @@ impl GenerationFields {
             dry_penalty_last_n: self.dry_penalty_last_n.unwrap_or(base.dry_penalty_last_n),
             dry_prompt: self.dry_prompt.unwrap_or(base.dry_prompt),
             no_repeat_ngram: self.no_repeat_ngram.unwrap_or(base.no_repeat_ngram),
+            no_copy_ngram: base.no_copy_ngram,
             loop_guard: self.loop_guard.unwrap_or(base.loop_guard),
         }
     }

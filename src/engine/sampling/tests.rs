@@ -7,7 +7,7 @@ fn logits() -> Tensor {
 }
 
 fn sampler(config: &SamplingConfig) -> Sampler {
-    Sampler::new(config, Arc::default())
+    Sampler::new(config, Arc::default(), CopySource::default())
 }
 
 const DRY: Dry = Dry {
@@ -368,4 +368,16 @@ fn short_repeats_count_only_once_they_fill_three_runs_of_four() {
     // …until they make a run of four three times over.
     assert_eq!(periodic_tail(&[7; 12]), Some(4));
     assert_eq!(periodic_tail(&[]), None);
+}
+
+#[test]
+fn the_copy_ban_forbids_what_would_complete_a_run_of_the_source() {
+    let source = CopySource::new(&[1, 2, 3, 4, 2, 3, 9], 3);
+    // 2 3 was followed by 4 and by 9 in the source.
+    assert_eq!(source.bans(&[7, 2, 3]), [4, 9]);
+    assert_eq!(source.bans(&[1, 2]), [3]);
+    assert!(source.bans(&[3, 2]).is_empty());
+    // Too few tokens to end a run yet, or no ban at all.
+    assert!(source.bans(&[2]).is_empty());
+    assert!(CopySource::new(&[1, 2, 3], 0).bans(&[1, 2]).is_empty());
 }

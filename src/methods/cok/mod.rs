@@ -33,6 +33,7 @@ use crate::memory::{parse_memory, render_in_place, Revision, Schema};
 use crate::metrics::Tokens;
 use crate::run::dir::RunDir;
 use crate::run::{prompt_texts, Advance, Finish, Method, Position};
+use super::length::{to_length, target_words, tokens_for};
 use chain::KeyChain;
 use serde_json::Value;
 use std::time::Instant;
@@ -73,6 +74,10 @@ pub struct CokConfig {
     pub step_tokens: usize,
     /// The most tokens the final answer may have.
     pub answer_tokens: usize,
+    /// The final answer's length in words; by default it scales with the
+    /// document ([`target_words`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary_words: Option<usize>,
     /// Compress the memory when it renders to more tokens than this; `None`: never.
     pub memory_token_limit: Option<usize>,
     /// JSON memories: decode under a grammar derived from the schema, so that
@@ -284,6 +289,7 @@ impl<'a> Cok<'a> {
         Prompt {
             system: Some(SYSTEM.to_string()),
             segments,
+            source: None,
         }
     }
 
@@ -361,9 +367,9 @@ impl<'a> Cok<'a> {
     }
 
     /// What the model is asked to write once the document has ended.
-    fn answer_request(&self) -> String {
+    fn answer_request(&self, words: usize) -> String {
         format!(
-            "\n## Your answer\nThe document has ended and the memory above is complete. Using only the memory, answer the query in plain prose, not JSON:\n{}\n",
+            "\n## Your answer\nThe document has ended and the memory above is complete. Using only the memory, answer the query in plain prose, not JSON, in about {words} words:\n{}\n",
             self.config.query
         )
     }
@@ -386,14 +392,23 @@ impl<'a> Cok<'a> {
         }
     }
 
-    /// Answer the query from the final memory.
-    fn finish(&self, llm: &mut dyn Llm, state: &CokState) -> Result<Finish<CokFigures>> {
+    /// Answer the query from the final memory, at the length every method aims at.
+    fn finish(
+        &self,
+        llm: &mut dyn Llm,
+        state: &CokState,
+        chunks: &[Chunk],
+    ) -> Result<Finish<CokFigures>> {
+        let target = target_words(self.config.summary_words, chunks);
         let mut tail = memory_segments(&state.memory);
-        tail.push(self.answer_request());
-        let completion = llm.complete(&self.prompt(tail), self.config.answer_tokens, None)?;
+        tail.push(self.answer_request(target));
+        let budget = self.config.answer_tokens.min(tokens_for(target));
+        let completion = llm.complete(&self.prompt(tail), budget, None)?;
         Ok(Finish {
-            summary: completion.text.trim().to_string(),
+            summary: to_length(llm, completion.text.trim(), target)?.text,
+            summary_words_target: Some(target),
             files: vec![(RunDir::MEMORY, state.memory.clone())],
+            notes: Vec::new(),
             figures: self.figures(state),
         })
     }
@@ -447,7 +462,7 @@ impl Method for Cok<'_> {
         if self.config.memory_token_limit.is_some() {
             requests.push(self.compress_request(self.limit));
         }
-        requests.push(self.answer_request());
+        requests.push(self.answer_request(target_words(self.config.summary_words, &[])));
         let prompts: Vec<Prompt> = requests
             .into_iter()
             .map(|request| self.prompt(vec![request]))
@@ -505,7 +520,7 @@ impl Method for Cok<'_> {
         let (mut step, then) = match state.next {
             Phase::Read => {
                 let Some(chunk) = chunks.get(state.chunks_read) else {
-                    return Ok(Advance::Done(self.finish(llm, state)?));
+                    return Ok(Advance::Done(self.finish(llm, state, chunks)?));
                 };
                 let read = self.read(llm, state, chunk, chunks.len())?;
                 state.chunks_read += 1;

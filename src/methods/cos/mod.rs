@@ -506,6 +506,8 @@ impl<'a> Cos<'a> {
                 ("qa_pairs.json", pairs),
                 ("candidates.json", Value::Array(candidates)),
             ],
+            notes: Vec::new(),
+            summary_words_target: None,
             figures,
         }
     }

@@ -10,10 +10,13 @@
 //! When the amendments grow so long that the next prompt would not fit the
 //! context, they are folded into one object and appending starts again.
 //!
-//! The revisions are screened before they are applied: what the memory
-//! already holds and what copies the prompt are refused and counted. The
-//! final answer is written from the memory's notes a few at a time (see
-//! [`Prism::answer`]). The words of every prompt are in `prompt.rs`.
+//! For a summary, each chunk is first summarized on its own, and the
+//! revision step notes that summary rather than the chunk, so the notes are
+//! in the model's own words. The revisions are screened before they are
+//! applied: what the memory already holds, what copies the prompt and what
+//! copies a long run of the chunk are refused and counted. The final answer is condensed from the
+//! memory's notes to the run's target length ([`length::condense`]). The words
+//! of every prompt are in `prompt.rs`.
 
 mod prompt;
 
@@ -21,22 +24,26 @@ use crate::chunk::Chunk;
 use crate::engine::constraint::Grammar;
 use crate::error::Result;
 use crate::llm::{Llm, Prompt};
+use crate::engine::{is_zero, LineVerdict};
 use crate::memory::grammar::{binds_a_limit, revision_grammar, MAX_LINES};
 use crate::memory::revise::{apply_revisions, RefusalKind, Refused};
 use crate::memory::{
     apply, parse_revisions, render_in_place, Amendments, Op, RejectionKind, Revision, Schema,
     Screen,
 };
+use crate::methods::baseline::Call;
+use crate::methods::length::{self, condense, target_words, Source, CONDENSE_SYSTEM};
 use crate::methods::AnswerForm;
+use crate::metrics::copying::DocumentWords;
 use crate::metrics::Tokens;
 use crate::run::dir::RunDir;
 use crate::run::{Advance, Finish, Method, Position};
 use prompt::{
-    answer_request, preamble, query_request, revision_request, ANSWER_SYSTEM, EMPTY_MEMORY,
-    QUERY_SYSTEM, REVISION_REQUEST, SUMMARIZE_NOTES, SYSTEM,
+    preamble, query_request, revision_request, summary_request, EMPTY_MEMORY, QUERY_SYSTEM,
+    REVISION_REQUEST, SUMMARY_SYSTEM, SYSTEM,
 };
 use serde_json::Value;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::time::Instant;
 
 /// How the memory is shown to the model.
@@ -97,6 +104,18 @@ impl Variant {
     }
 }
 
+/// What the revision step is shown of each chunk.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Reading {
+    /// A summary of the chunk that a call of its own writes first, so that
+    /// the notes are in the model's words.
+    #[default]
+    Summary,
+    /// The chunk's text, as the paper has it.
+    Text,
+}
+
 /// Settings of one PRISM run; everything here is part of a run's identity.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct PrismConfig {
@@ -106,11 +125,18 @@ pub struct PrismConfig {
     pub query: String,
     /// The most tokens a revision step may generate.
     pub revision_tokens: usize,
-    /// The most tokens the final answer may have.
+    /// The most tokens a direct answer may have.
     pub answer_tokens: usize,
+    /// The summary's length in words; by default it scales with the document
+    /// ([`target_words`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary_words: Option<usize>,
     /// Decode revisions under a grammar derived from the schema, so that every
     /// line parses and type-checks.
     pub constrained: bool,
+    /// What the revision step is shown of each chunk.
+    #[serde(default)]
+    pub reading: Reading,
     /// A summary written from the notes part by part, or the query answered
     /// from the whole memory in one call.
     #[serde(default, skip_serializing_if = "AnswerForm::is_summary")]
@@ -122,8 +148,16 @@ pub struct PrismConfig {
 pub struct Step {
     pub chunk: usize,
     pub chunk_tokens: usize,
+    /// The revision call's tokens.
     #[serde(flatten)]
     pub tokens: Tokens,
+    /// The summary of the chunk that the revision call read, when it read one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    /// The calls that wrote it, in order: a call per piece of the chunk,
+    /// and again for a piece whose summary copied it out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub summary_calls: Vec<Call>,
     pub applied: Vec<Revision>,
     pub rejected: Vec<Refused>,
     /// The amendments were folded into one object before this step's prompt,
@@ -134,8 +168,13 @@ pub struct Step {
     /// list's size, or its token budget.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub capped: bool,
-    /// The line the step stopped before, because it repeated or reworded a
-    /// note the memory holds, or copied the prompt (see `Screen::goes_round`).
+    /// Lines refused while they were decoded, because they repeated or
+    /// reworded a note the memory holds or copied the prompt or the chunk
+    /// (see `Screen::goes_round`); the step wrote on in their place.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
+    /// The line the step stopped before: the last of
+    /// [`SKIPS_BEFORE_STOP`] refused in a row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_before: Option<String>,
     /// What the model wrote, verbatim.
@@ -160,6 +199,15 @@ pub struct PrismState {
     /// Values refused because they copied the prompt or the schema.
     #[serde(default)]
     pub revisions_echo: usize,
+    /// Values refused because they copied a long run of the chunk.
+    #[serde(default)]
+    pub revisions_copy: usize,
+    /// Values refused because their words were mostly not in what was read.
+    #[serde(default)]
+    pub revisions_ungrounded: usize,
+    /// Lines refused while decoding, with the step going on in their place.
+    #[serde(default)]
+    pub revision_lines_skipped: usize,
     /// Steps where a safety limit on the revisions bound.
     #[serde(default)]
     pub revisions_capped: usize,
@@ -179,6 +227,12 @@ pub struct PrismFigures {
     pub revisions_rejected: usize,
     pub revisions_duplicate: usize,
     pub revisions_echo: usize,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub revisions_copy: usize,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub revisions_ungrounded: usize,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub revision_lines_skipped: usize,
     pub revisions_capped: usize,
     pub revision_steps_stopped: usize,
     pub consolidations: usize,
@@ -195,6 +249,9 @@ impl PrismState {
             revisions_rejected: 0,
             revisions_duplicate: 0,
             revisions_echo: 0,
+            revisions_copy: 0,
+            revisions_ungrounded: 0,
+            revision_lines_skipped: 0,
             revisions_capped: 0,
             revision_steps_stopped: 0,
             consolidations: 0,
@@ -221,8 +278,7 @@ impl<'a> Prism<'a> {
             SYSTEM,
             preamble.as_str(),
             REVISION_REQUEST,
-            ANSWER_SYSTEM,
-            SUMMARIZE_NOTES,
+            CONDENSE_SYSTEM,
             EMPTY_MEMORY,
             QUERY_SYSTEM,
         ]);
@@ -234,32 +290,45 @@ impl<'a> Prism<'a> {
         }
     }
 
-    /// The prompt for revising the memory after reading `chunk`.
-    pub fn revision_prompt(&self, state: &PrismState, chunk: &Chunk, chunks: usize) -> Prompt {
+    /// The prompt for revising the memory after reading `chunk`, shown as
+    /// its `summary` when there is one, else as its text.
+    pub fn revision_prompt(
+        &self,
+        state: &PrismState,
+        chunk: &Chunk,
+        chunks: usize,
+        summary: Option<&str>,
+    ) -> Prompt {
         let mut segments = vec![self.preamble.clone()];
         segments.extend(self.memory_segments(state));
+        let (heading, shown) = match summary {
+            Some(summary) => ("Summary of chunk", summary),
+            None => ("Text (chunk", chunk.text.as_str()),
+        };
+        let close = if summary.is_some() { "" } else { ")" };
         segments.push(format!(
-            "Text (chunk {} of {}):\n{}\n",
+            "{heading} {} of {chunks}{close}:\n{}\n",
             chunk.index + 1,
-            chunks,
-            chunk.text.trim_end()
+            shown.trim_end()
         ));
-        segments.push(revision_request(&chunk.text));
+        segments.push(revision_request(shown));
         Prompt {
             system: Some(SYSTEM.to_string()),
             segments,
+            source: None,
         }
     }
 
-    /// The prompt for one part of the final answer: a fixed opening shared
-    /// by every part, then the notes this part condenses. Neither the rest of
-    /// the memory nor the revision prompt's opening is shown: given the whole
-    /// memory the model summarizes all of it again in every part, and given
-    /// the worked examples it retells them.
-    pub fn answer_prompt(&self, part: &AnswerPart) -> Prompt {
+    /// The prompt that summarizes `piece` of a chunk on its own in at
+    /// least `sentences` sentences.
+    pub fn summary_prompt(piece: &Chunk, sentences: usize) -> Prompt {
         Prompt {
-            system: Some(ANSWER_SYSTEM.to_string()),
-            segments: vec![answer_request(part)],
+            system: Some(SUMMARY_SYSTEM.to_string()),
+            segments: vec![
+                summary_request(sentences),
+                format!("{}\n", piece.text.trim_end()),
+            ],
+            source: Some(1),
         }
     }
 
@@ -274,6 +343,7 @@ impl<'a> Prism<'a> {
                 &render_in_place(&state.memory),
                 &self.config.query,
             )],
+            source: None,
         }
     }
 
@@ -295,9 +365,14 @@ impl<'a> Prism<'a> {
         chunks: usize,
     ) -> Result<Step> {
         let start = Instant::now();
+        let summary = match self.config.reading {
+            Reading::Summary => Some(summarize(llm, chunk)?),
+            Reading::Text => None,
+        };
         let (prompt, consolidated) =
             self.prompt_that_fits(llm, state, self.config.revision_tokens, |state| {
-                self.revision_prompt(state, chunk, chunks)
+                let shown = summary.as_ref().map(|summary| summary.text.as_str());
+                self.revision_prompt(state, chunk, chunks, shown)
             })?;
         let grammar = self.config.constrained.then(|| {
             Grammar::Lark(revision_grammar(
@@ -307,23 +382,41 @@ impl<'a> Prism<'a> {
                 MAX_LINES,
             ))
         });
+        let screen = match self.config.answer_form {
+            AnswerForm::Summary => self
+                .screen
+                .with_source(&chunk.text, summary.as_ref().map(|summary| summary.text.as_str())),
+            AnswerForm::Direct => self.screen.clone(),
+        };
+        let skipped = RefCell::new(Vec::new());
+        let refused_in_a_row = Cell::new(0);
         let stopped_before = RefCell::new(None);
-        let refuse_line = |kept: &str, line: &str| {
-            let refused = self.goes_round(&state.memory, kept, line);
-            if refused {
-                stopped_before.replace(Some(line.to_string()));
+        let check_line = |kept: &str, line: &str| {
+            if !self.goes_round(&screen, &state.memory, kept, line) {
+                refused_in_a_row.set(0);
+                return LineVerdict::Keep;
             }
-            refused
+            refused_in_a_row.set(refused_in_a_row.get() + 1);
+            if refused_in_a_row.get() >= SKIPS_BEFORE_STOP {
+                stopped_before.replace(Some(line.to_string()));
+                return LineVerdict::Stop;
+            }
+            skipped.borrow_mut().push(line.to_string());
+            LineVerdict::Skip {
+                from: note_start(line),
+            }
         };
         let completion = llm.complete_checking_lines(
             &prompt,
             self.config.revision_tokens,
             grammar.as_ref(),
-            &refuse_line,
+            &check_line,
         )?;
         let stopped_before = stopped_before.into_inner();
+        let skipped = skipped.into_inner();
         state.revision_steps_stopped += usize::from(stopped_before.is_some());
-        let (applied, rejected) = self.fold(state, &completion.text);
+        state.revision_lines_skipped += skipped.len();
+        let (applied, rejected) = self.fold(&screen, state, &completion.text);
         // From the output as written: applying drops the sentence a string
         // bound cut, and refused revisions were bound all the same.
         let capped = completion.usage.output_tokens >= self.config.revision_tokens
@@ -338,6 +431,8 @@ impl<'a> Prism<'a> {
                 RefusalKind::Invalid => state.revisions_rejected += 1,
                 RefusalKind::Duplicate => state.revisions_duplicate += 1,
                 RefusalKind::Echo => state.revisions_echo += 1,
+                RefusalKind::Copy => state.revisions_copy += 1,
+                RefusalKind::Ungrounded => state.revisions_ungrounded += 1,
             }
         }
         state.revisions_capped += usize::from(capped);
@@ -345,10 +440,13 @@ impl<'a> Prism<'a> {
             chunk: chunk.index,
             chunk_tokens: chunk.tokens,
             tokens: Tokens::of(&completion.usage),
+            summary: summary.as_ref().map(|summary| summary.text.clone()),
+            summary_calls: summary.map_or_else(Vec::new, |summary| summary.calls),
             applied,
             rejected,
             consolidated,
             capped,
+            skipped,
             stopped_before,
             output: completion.text,
             seconds: start.elapsed().as_secs_f64(),
@@ -387,7 +485,7 @@ impl<'a> Prism<'a> {
     /// Adding again at a key this step already wrote is the same loop in
     /// another form: Qwen2.5-Coder-1.5B under the code schema added
     /// `$.humanize` a dozen times over, each refused, until its budget ran out.
-    fn goes_round(&self, memory: &Value, kept: &str, line: &str) -> bool {
+    fn goes_round(&self, screen: &Screen, memory: &Value, kept: &str, line: &str) -> bool {
         let Some(Ok(revision)) = parse_revisions(line).into_iter().next() else {
             return false;
         };
@@ -397,7 +495,7 @@ impl<'a> Prism<'a> {
             kept,
             self.schema,
             self.config.updates,
-            Some(&self.screen),
+            Some(screen),
         );
         let adds_again_where_refused = revision.op == Op::Add
             && parse_revisions(kept)
@@ -406,18 +504,23 @@ impl<'a> Prism<'a> {
                 .any(|earlier| earlier.path == revision.path)
             && apply(&memory, &revision, self.schema)
                 .is_err_and(|refusal| refusal.kind == RejectionKind::PathExists);
-        adds_again_where_refused || self.screen.goes_round(&memory, &revision)
+        adds_again_where_refused || screen.goes_round(&memory, &revision)
     }
 
     /// Parse `output`, take out of each revision what is redundant, and apply
     /// what is left when it checks out, in order.
-    fn fold(&self, state: &mut PrismState, output: &str) -> (Vec<Revision>, Vec<Refused>) {
+    fn fold(
+        &self,
+        screen: &Screen,
+        state: &mut PrismState,
+        output: &str,
+    ) -> (Vec<Revision>, Vec<Refused>) {
         let (applied, rejected) = apply_revisions(
             &mut state.memory,
             output,
             self.schema,
             self.config.updates,
-            Some(&self.screen),
+            Some(screen),
         );
         for revision in &applied {
             state.amendments.push(revision.clone());
@@ -425,66 +528,105 @@ impl<'a> Prism<'a> {
         (applied, rejected)
     }
 
-    /// Write the final answer from the memory, part by part: each call
-    /// condenses a run of its notes into a few sentences, and the parts are
-    /// joined in memory order. A small model asked to summarize a long memory
-    /// in one call copies it out; asked to condense a hundred words of notes
-    /// it writes two or three good sentences.
-    pub fn answer(&self, llm: &mut dyn Llm, state: &PrismState) -> Result<String> {
+    /// Write the final answer from the memory: the query answered from
+    /// the whole memory, or a summary of about the target length condensed
+    /// from the notes in order (in parts when they are long).
+    pub fn answer(&self, llm: &mut dyn Llm, state: &PrismState, target: usize) -> Result<String> {
         if self.config.answer_form == AnswerForm::Direct {
             let prompt = self.query_prompt(state);
             let completion = llm.complete(&prompt, self.config.answer_tokens, None)?;
             return Ok(completion.text.trim().to_string());
         }
-        let parts = answer_parts(&memory_notes(&state.memory), self.config.answer_tokens);
-        let part_tokens = self.config.answer_tokens / parts.len().max(1);
-        let mut answer = Vec::with_capacity(parts.len());
-        for part in &parts {
-            let completion = llm.complete(&self.answer_prompt(part), part_tokens, None)?;
-            let text = completion.text.trim();
-            let text = if completion.usage.output_tokens < part_tokens {
-                text
-            } else {
-                &text[..last_sentence_end(text).unwrap_or(text.len())]
+        let notes = memory_notes(&state.memory);
+        if notes.is_empty() {
+            let prompt = Prompt {
+                system: Some(CONDENSE_SYSTEM.to_string()),
+                segments: vec![EMPTY_MEMORY.to_string()],
+                source: None,
             };
-            if !text.is_empty() {
-                answer.push(text.to_string());
-            }
+            let completion = llm.complete(&prompt, length::tokens_for(target), None)?;
+            return Ok(completion.text.trim().to_string());
         }
-        Ok(answer.join("\n\n"))
+        Ok(condense(llm, &notes, Source::Notes, target)?.text)
     }
 }
 
-/// Where the last whole sentence of `text` ends: after a `.`, `!` or `?`
-/// that closes the text or comes before whitespace, and is not the dot of a
-/// list number ("3."), which a part cut at its token budget often ends on.
-fn last_sentence_end(text: &str) -> Option<usize> {
-    let chars: Vec<(usize, char)> = text.char_indices().collect();
-    chars
-        .iter()
-        .enumerate()
-        .rev()
-        .find_map(|(at, &(offset, c))| {
-            let closes = matches!(c, '.' | '!' | '?')
-                && chars
-                    .get(at + 1)
-                    .is_none_or(|(_, next)| next.is_whitespace());
-            let list_number = c == '.'
-                && at > 0
-                && chars[at - 1].1.is_ascii_digit()
-                && chars[..at]
-                    .iter()
-                    .rev()
-                    .find(|(_, earlier)| !earlier.is_ascii_digit())
-                    .is_none_or(|(_, earlier)| earlier.is_whitespace());
-            (closes && !list_number).then_some(offset + c.len_utf8())
-        })
+/// The most words of a chunk one summary call reads. Qwen2.5-Coder-1.5B
+/// summarizes a few hundred words in a few sentences; asked for more
+/// sentences of a longer text, it copied the text out (see
+/// [`COPIED_SUMMARY`]).
+const WORDS_PER_SUMMARY: usize = 300;
+/// Words of text per sentence of its summary.
+const WORDS_PER_SENTENCE: usize = 100;
+/// Tokens a summary may spend per sentence asked for.
+const TOKENS_PER_SENTENCE: usize = 50;
+/// A summary with this share of its word 8-grams found in the text it
+/// summarizes is that text copied out, and is asked for again, shorter:
+/// asked for four to six sentences of the 640-word sample,
+/// Qwen2.5-Coder-1.5B summarized it; asked for six to eight, it copied the
+/// sample out whole.
+const COPIED_SUMMARY: f64 = 0.3;
+/// Summaries of one piece asked for before the last one is kept.
+const SUMMARY_ATTEMPTS: usize = 3;
+
+/// The summary of a chunk and the calls that wrote it.
+struct ChunkSummary {
+    text: String,
+    calls: Vec<Call>,
+}
+
+/// Summarize `chunk` piece by piece, pieces of at most [`WORDS_PER_SUMMARY`]
+/// words ending at paragraph or sentence ends, each in a few sentences. A
+/// piece's summary that copies the piece out ([`COPIED_SUMMARY`]) is asked
+/// for again with fewer sentences.
+fn summarize(llm: &mut dyn Llm, chunk: &Chunk) -> Result<ChunkSummary> {
+    let words = |text: &str| text.split_whitespace().count();
+    let mut summary = ChunkSummary {
+        text: String::new(),
+        calls: Vec::new(),
+    };
+    for piece in crate::chunk::split(&chunk.text, WORDS_PER_SUMMARY, &words)? {
+        let text = DocumentWords::new(&piece.text);
+        let mut sentences = (words(&piece.text) / WORDS_PER_SENTENCE).clamp(2, 5);
+        for attempt in 1..=SUMMARY_ATTEMPTS {
+            let prompt = Prism::summary_prompt(&piece, sentences);
+            let call = Call::run(llm, &prompt, (sentences + 2) * TOKENS_PER_SENTENCE)?;
+            let written = call.summary().to_string();
+            let copied = text.copying(&[&written]).copied_8gram_share;
+            summary.calls.push(call);
+            if copied < COPIED_SUMMARY || attempt == SUMMARY_ATTEMPTS || sentences == 1 {
+                if !summary.text.is_empty() {
+                    summary.text.push(' ');
+                }
+                summary.text.push_str(&written);
+                break;
+            }
+            sentences = (sentences / 2).max(1);
+        }
+    }
+    Ok(summary)
+}
+
+/// Refused lines in a row after which a step stops: a small model under
+/// greedy decoding that has begun to repeat itself rewords the same note
+/// again and again, and a step that still does after this many has noted
+/// what it will.
+pub const SKIPS_BEFORE_STOP: usize = 3;
+
+/// Where a refused line's own words begin: its value's first letter or
+/// digit, so a line written in its place keeps the revision's form and its
+/// path but says something else.
+fn note_start(line: &str) -> usize {
+    let value = line.find("\"value\":").map_or(0, |at| at + "\"value\":".len());
+    line[value..]
+        .find(|c: char| c.is_alphanumeric())
+        .map_or(value, |at| value + at)
 }
 
 /// The notes of a memory, in memory order: every string, led by the key it
 /// sits under when that key is deeper than the top level (a person's name,
 /// say), so that a note read alone still says what it is about.
-fn memory_notes(memory: &Value) -> Vec<String> {
+pub fn memory_notes(memory: &Value) -> Vec<String> {
     fn walk(value: &Value, key: Option<&str>, depth: usize, notes: &mut Vec<String>) {
         match value {
             Value::String(text) if !text.trim().is_empty() => notes.push(match key {
@@ -514,50 +656,6 @@ fn memory_notes(memory: &Value) -> Vec<String> {
     notes
 }
 
-/// Words of notes one part of the final answer condenses: about five notes
-/// of one sentence. Parts are cut by words, not notes: Qwen2.5-Coder-1.5B
-/// condenses little, and five notes of three sentences each ran past the
-/// part's tokens, so the sentence the part was cut at lost the log's ending.
-const WORDS_PER_PART: usize = 100;
-/// The fewest tokens one part of the answer is given.
-const MIN_PART_TOKENS: usize = 80;
-
-/// The notes split into consecutive runs of about [`WORDS_PER_PART`] words,
-/// in as many parts as `answer_tokens` can give [`MIN_PART_TOKENS`] each. An
-/// empty memory still gets one part, which says so.
-fn answer_parts(notes: &[String], answer_tokens: usize) -> Vec<AnswerPart> {
-    let words: Vec<usize> = notes
-        .iter()
-        .map(|note| note.split_whitespace().count().max(1))
-        .collect();
-    let total: usize = words.iter().sum();
-    let max_parts = (answer_tokens / MIN_PART_TOKENS).max(1);
-    let parts = total.div_ceil(WORDS_PER_PART).clamp(1, max_parts);
-    let words_per_part = total.div_ceil(parts);
-    let mut runs = Vec::with_capacity(parts);
-    let mut run: Vec<String> = Vec::new();
-    let mut run_words = 0;
-    for (note, &note_words) in notes.iter().zip(&words) {
-        let full = run_words + note_words > words_per_part && runs.len() + 1 < parts;
-        if full && !run.is_empty() {
-            runs.push(AnswerPart {
-                notes: std::mem::take(&mut run),
-            });
-            run_words = 0;
-        }
-        run.push(note.clone());
-        run_words += note_words;
-    }
-    runs.push(AnswerPart { notes: run });
-    runs
-}
-
-/// A run of notes that one call of the final answer condenses.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AnswerPart {
-    pub notes: Vec<String>,
-}
-
 impl Method for Prism<'_> {
     type State = PrismState;
     type Step = Step;
@@ -573,12 +671,13 @@ impl Method for Prism<'_> {
     }
 
     fn template_texts(&self) -> Vec<String> {
+        let condensing = length::condense_prompt(&[], Source::Notes, 0, 1, 1);
         vec![
             SYSTEM.to_string(),
             self.preamble.clone(),
             REVISION_REQUEST.to_string(),
-            ANSWER_SYSTEM.to_string(),
-            SUMMARIZE_NOTES.to_string(),
+            CONDENSE_SYSTEM.to_string(),
+            condensing.segments.concat(),
             EMPTY_MEMORY.to_string(),
             QUERY_SYSTEM.to_string(),
         ]
@@ -612,19 +711,26 @@ impl Method for Prism<'_> {
             state.chunks_read += 1;
             return Ok(Advance::Step(step));
         }
-        let summary = self.answer(llm, state)?;
+        let target = target_words(self.config.summary_words, chunks);
+        let summary = self.answer(llm, state, target)?;
         let figures = PrismFigures {
             revisions_applied: state.revisions_applied,
             revisions_rejected: state.revisions_rejected,
             revisions_duplicate: state.revisions_duplicate,
             revisions_echo: state.revisions_echo,
+            revisions_copy: state.revisions_copy,
+            revisions_ungrounded: state.revisions_ungrounded,
+            revision_lines_skipped: state.revision_lines_skipped,
             revisions_capped: state.revisions_capped,
             revision_steps_stopped: state.revision_steps_stopped,
             consolidations: state.consolidations,
         };
+        let direct = self.config.answer_form == AnswerForm::Direct;
         Ok(Advance::Done(Finish {
             summary,
             files: vec![(RunDir::MEMORY, state.memory.clone())],
+            notes: memory_notes(&state.memory),
+            summary_words_target: (!direct).then_some(target),
             figures,
         }))
     }
@@ -653,34 +759,11 @@ mod tests {
     }
 
     #[test]
-    fn the_answer_takes_about_a_hundred_words_a_part_within_the_budget() {
-        // Twelve notes of eleven words, then two of fifty.
-        let mut notes: Vec<String> = (0..12)
-            .map(|i| format!("note {i} says what one short part of the text said"))
-            .collect();
-        let sizes =
-            |parts: Vec<AnswerPart>| parts.iter().map(|p| p.notes.len()).collect::<Vec<_>>();
-        assert_eq!(sizes(answer_parts(&notes, 900)), [6, 6]);
-        notes.extend((0..2).map(|i| format!("long note {i} {}", "word ".repeat(47))));
-        assert_eq!(sizes(answer_parts(&notes, 900)), [7, 5, 2]);
-        // 160 tokens give two parts of at least 80 tokens.
-        assert_eq!(sizes(answer_parts(&notes, 160)), [10, 4]);
-        assert_eq!(sizes(answer_parts(&notes, 10)), [14]);
-        assert_eq!(sizes(answer_parts(&[], 900)), [0]);
-    }
-
-    #[test]
-    fn a_cut_answer_ends_at_a_sentence_not_a_list_number() {
-        let text = "1. Keep tools dull. It slows work.\n2. Jam the locks.\n3.";
-        assert_eq!(
-            last_sentence_end(text).map(|end| &text[..end]),
-            Some("1. Keep tools dull. It slows work.\n2. Jam the locks.")
-        );
-        let prices = "It cost 3.50 in all. Then it";
-        assert_eq!(
-            last_sentence_end(prices).map(|end| &prices[..end]),
-            Some("It cost 3.50 in all.")
-        );
-        assert_eq!(last_sentence_end("no end here"), None);
+    fn a_refused_line_is_banned_from_its_notes_first_word() {
+        let line = r#"{"op": "add", "path": "$.events", "value": "Tomas fired a flare."}"#;
+        assert_eq!(&line[note_start(line)..], "Tomas fired a flare.\"}");
+        let list = r#"{"op": "add", "path": "$.people.'Wenna Cole'", "value": ["Skipper."]}"#;
+        assert_eq!(&list[note_start(list)..], "Skipper.\"]}");
+        assert_eq!(note_start("no value here"), 0);
     }
 }

@@ -8,6 +8,13 @@
 //! another task can carry its own example, which replaces the council's (see
 //! [`WorkedExample`]).
 //!
+//! A summary reads each chunk in two calls: the first summarizes the chunk
+//! alone ([`summary_request`]), the second notes that summary in the memory.
+//! Shown the chunk itself, Qwen2.5-Coder-1.5B noted it sentence by sentence
+//! in the text's own words; asked in one prompt for a gist and then notes,
+//! it described the text ("the log mentions the fog") instead of telling
+//! it. Asked first and plainly, it tells what happens and names who does it.
+//!
 //! The model writes one note per line rather than lists of notes: under
 //! greedy decoding Qwen2.5-Coder-1.5B, asked for a list of strings, writes
 //! the document's first line over and over, while one string per line it
@@ -15,7 +22,7 @@
 //! same reason: with three long examples of differently shaped schemas the
 //! same model wrote facts about the world instead of the text.
 
-use super::{AnswerPart, MemoryMode, PrismConfig};
+use super::{MemoryMode, PrismConfig};
 use crate::memory::render::to_line;
 use crate::memory::schema::WorkedExample;
 use crate::memory::Schema;
@@ -23,16 +30,16 @@ use crate::memory::Schema;
 pub(super) const SYSTEM: &str = "You keep notes on a long document that you read one chunk at a time. You change your notes only by writing revision lines in the format you are shown.";
 
 /// The fixed words of the last segment of every revision prompt.
-pub(super) const REVISION_REQUEST: &str = "The memory above already holds everything before this chunk: do not write it again. Note only this chunk, in its order, from its opening words to its end.\nRevisions:\n";
+pub(super) const REVISION_REQUEST: &str = "The memory above already holds everything before this chunk: do not write it again. Note only this chunk, in its order, from its opening words to its end, in the third person.\nRevisions:\n";
 
-/// The last segment of a revision prompt, after the chunk: the request,
-/// anchored at the chunk's opening words. Without the anchor, once the
+/// The last segment of a revision prompt, after the chunk (or its summary):
+/// the request, anchored at the opening words of what was shown. Without the anchor, once the
 /// amendments showed revision lines, Qwen2.5-Coder-1.5B wrote them out again
 /// from the first one instead of noting the new chunk.
 pub(super) fn revision_request(chunk_text: &str) -> String {
     let opening: Vec<&str> = chunk_text.split_whitespace().take(8).collect();
     format!(
-        "\nThe chunk opens with \"{}…\". {REVISION_REQUEST}",
+        "\nIt opens with \"{}…\". {REVISION_REQUEST}",
         opening.join(" ")
     )
 }
@@ -82,28 +89,24 @@ pub(super) fn preamble(config: &PrismConfig, schema: &Schema) -> String {
     )
 }
 
-/// The last segment of a prompt for one part of the final answer, after the
-/// memory: the notes to condense. The request is short on purpose: with a
-/// paragraph of advice on length and order, Qwen2.5-Coder-1.5B copied the
-/// notes out instead of summarizing them.
-pub(super) fn answer_request(part: &AnswerPart) -> String {
-    if part.notes.is_empty() {
-        return EMPTY_MEMORY.to_string();
-    }
-    let notes: String = part
-        .notes
-        .iter()
-        .map(|note| format!("- {note}\n"))
-        .collect();
+/// The system turn of the call that summarizes a chunk on its own.
+pub(super) const SUMMARY_SYSTEM: &str = "You write clear, faithful summaries in your own words.";
+
+/// The request that opens the call summarizing one piece of a chunk, before
+/// the piece, for a summary of `fewest` to `fewest + 2` sentences. The
+/// instruction comes first: after the text, the same model described the
+/// text and named no one. Its words were tried on the sample: asked also
+/// for "the third person", for "what it says" or for who wrote it, the
+/// model copied the text out; shown the summary of the piece before, it
+/// summarized that again.
+pub(super) fn summary_request(fewest: usize) -> String {
     format!(
-        "Here are {} of the notes kept while reading a document, in order:\n{notes}{SUMMARIZE_NOTES}",
-        part.notes.len(),
+        "Summarize the following part of a document in {fewest} to {} sentences. \
+         Tell what happens, in order, and name the people who do it. \
+         Use your own words, and tell the events themselves rather than what the text mentions.\n\n",
+        fewest + 2
     )
 }
-
-/// The system turn of every part of the final answer.
-pub(super) const ANSWER_SYSTEM: &str =
-    "You turn notes taken while reading a document into a clear, faithful summary.";
 
 /// The system turn of a final answer to a query (`AnswerForm::Direct`).
 pub(super) const QUERY_SYSTEM: &str =
@@ -114,16 +117,12 @@ pub(super) fn query_request(memory: &str, query: &str) -> String {
     format!("Notes kept while reading the document:\n{memory}\n\nQuestion: {query}\nAnswer from the notes alone.\n")
 }
 
-/// The request that closes every part of the final answer.
-pub(super) const SUMMARIZE_NOTES: &str =
-    "Summarize only these notes in 1 to 3 sentences of plain prose that keep every name and decision.\n";
-
 /// The whole final request when the memory holds nothing.
 pub(super) const EMPTY_MEMORY: &str = "No notes were kept while reading the document: say in one sentence that it gave nothing to note.\n";
 
 /// The first two rules, for the stock examples, which keep notes for a
 /// summary.
-const SUMMARY_NOTES: &str = "1. A note is one short sentence in your own words that makes sense on its own: name who did what.\n\
+const SUMMARY_NOTES: &str = "1. A note is one short sentence in your own words and in the third person that makes sense on its own: name who did what.\n\
      2. Note only what the text says, in its order: its main points, not every line.\n";
 
 /// The first two rules where the schema brings an example of its own task,
@@ -179,7 +178,9 @@ mod tests {
             query: "Summarize.".into(),
             revision_tokens: 512,
             answer_tokens: 600,
+            summary_words: None,
             constrained: true,
+            reading: super::super::Reading::Text,
             answer_form: crate::methods::AnswerForm::Summary,
         }
     }
@@ -239,23 +240,17 @@ mod tests {
         let request =
             revision_request("On the Wednesday a fog came down so thick that the beam stopped.");
         assert!(
-            request.starts_with("\nThe chunk opens with \"On the Wednesday a fog came down so…\"."),
+            request.starts_with("\nIt opens with \"On the Wednesday a fog came down so…\"."),
             "{request}"
         );
         assert!(request.ends_with("Revisions:\n"));
     }
 
     #[test]
-    fn the_answer_lists_the_notes_it_condenses() {
-        let part = AnswerPart {
-            notes: vec!["The fog came down.".into(), "Tomas fired a flare.".into()],
-        };
-        let request = answer_request(&part);
-        assert!(
-            request.contains("- The fog came down.\n- Tomas fired a flare.\n"),
-            "{request}"
-        );
-        assert!(request.contains("plain prose"));
-        assert!(answer_request(&AnswerPart { notes: vec![] }).contains("nothing"));
+    fn the_summary_request_comes_before_the_chunk_and_asks_for_sentences() {
+        let request = summary_request(4);
+        assert!(request.starts_with("Summarize the following part"));
+        assert!(request.contains("in 4 to 6 sentences"));
+        assert!(request.ends_with("\n\n"));
     }
 }

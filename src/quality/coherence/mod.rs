@@ -213,6 +213,7 @@ pub fn verdict_prompt(summary: &str, sentence: &str) -> Prompt {
                 "\n## Sentence to check\n{sentence}\n\nWould this sentence confuse a reader of the summary? Answer with the JSON object only.\n"
             ),
         ],
+        source: None,
     }
 }
 
