@@ -297,7 +297,11 @@ fn a_step_stops_after_refused_lines_in_a_row() {
     };
     assert_eq!(steps[0].skipped.len(), SKIPS_BEFORE_STOP - 1);
     assert_eq!(steps[0].stopped_before, Some(line("Ice.")));
-    assert_eq!(steps[0].applied.len(), 1, "the line after the stop is never applied");
+    assert_eq!(
+        steps[0].applied.len(),
+        1,
+        "the line after the stop is never applied"
+    );
     assert_eq!(stats.method_figures.revision_steps_stopped, 1);
     assert_eq!(
         stats.method_figures.revision_lines_skipped,
@@ -359,7 +363,9 @@ fn a_summary_of_each_chunk_is_what_the_revision_step_reads() {
     let method = Prism::new(&config, &schema);
     let mut replies = Vec::new();
     for (i, reply) in REPLIES[..4].iter().enumerate() {
-        replies.push(format!("The uneasy crew sails the ship north into ice, part {i}."));
+        replies.push(format!(
+            "The uneasy crew sails the ship north into ice, part {i}."
+        ));
         replies.push(reply.to_string());
     }
     replies.push(REPLIES[4].to_string());

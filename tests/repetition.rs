@@ -288,14 +288,21 @@ fn the_no_copy_ban_keeps_the_output_from_copying_its_source() {
     };
     let banned = engine.generate(&prompt, &options).unwrap();
     assert!(!copies(&banned.tokens, 4), "{:?}", banned.tokens);
-    assert!(copies(&banned.tokens, 3), "runs of 3 stay free: {:?}", banned.tokens);
+    assert!(
+        copies(&banned.tokens, 3),
+        "runs of 3 stay free: {:?}",
+        banned.tokens
+    );
     assert!(banned.tokens.len() > 50, "{}", banned.tokens.len());
     // Without a source the setting bans nothing.
     let options = GenerateOptions {
         copy_source: Vec::new(),
         ..options
     };
-    assert_eq!(engine.generate(&prompt, &options).unwrap().tokens, free.tokens);
+    assert_eq!(
+        engine.generate(&prompt, &options).unwrap().tokens,
+        free.tokens
+    );
 }
 
 /// A line the check skips is taken back and decoding goes on in its place:
@@ -323,17 +330,26 @@ fn a_skipped_line_is_replaced_and_decoding_goes_on() {
     };
     let free = engine.generate(&prompt, &options).unwrap();
     let twice = format!("{repeated}\n{repeated}\n");
-    let first_repeat = free.text.find(&twice).expect("the line twice in a row") + repeated.len() + 1;
+    let first_repeat =
+        free.text.find(&twice).expect("the line twice in a row") + repeated.len() + 1;
     let checked = engine
         .generate_checking_lines(&prompt, &options, Some(&skip_repeats))
         .unwrap();
     assert!(skipped.get() >= 1);
-    assert!(checked.text.starts_with(&free.text[..first_repeat]), "{}", checked.text);
+    assert!(
+        checked.text.starts_with(&free.text[..first_repeat]),
+        "{}",
+        checked.text
+    );
     assert!(!checked.text.contains(&twice), "{}", checked.text);
     let lines: Vec<&str> = checked.text.lines().collect();
     let mut seen = std::collections::HashSet::new();
     let whole_lines = checked.text.matches('\n').count();
-    assert!(lines[..whole_lines].iter().all(|line| seen.insert(*line)), "{}", checked.text);
+    assert!(
+        lines[..whole_lines].iter().all(|line| seen.insert(*line)),
+        "{}",
+        checked.text
+    );
     assert_eq!(checked.usage.output_tokens, 60);
     assert!(checked.tokens.len() < 60);
     // Stopping at the line instead ends the output before it.

@@ -633,7 +633,8 @@ mod tests {
             ),
             "{report}"
         );
-        assert!(report.contains("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"));
+        assert!(report
+            .contains("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"));
     }
 
     #[test]
@@ -740,7 +741,9 @@ mod tests {
         .unwrap();
         let report = markdown(&old[..1]);
         assert!(
-            report.contains("Sampling: greedy, DRY off, no-repeat n-gram off, no-copy off, loop guard off.\n"),
+            report.contains(
+                "Sampling: greedy, DRY off, no-repeat n-gram off, no-copy off, loop guard off.\n"
+            ),
             "{report}"
         );
     }

@@ -134,7 +134,9 @@ impl Engine {
                     tokens.truncate(kept);
                     let last = chooser.history.len() - 1;
                     cache.truncate(last);
-                    logits = self.model.forward(&chooser.history[last..], cache, Pass::Decode)?;
+                    logits = self
+                        .model
+                        .forward(&chooser.history[last..], cache, Pass::Decode)?;
                     usage.decode_steps += 1;
                     continue;
                 }
@@ -447,7 +449,9 @@ pub(crate) fn check_lines_after(text: &str, check: &LineCheck) -> String {
     while let Some((start, verdict)) = first_refused_line(&text, &mut line_start, check) {
         match verdict {
             LineVerdict::Skip { .. } => {
-                let end = text[start..].find('\n').map_or(text.len(), |at| start + at + 1);
+                let end = text[start..]
+                    .find('\n')
+                    .map_or(text.len(), |at| start + at + 1);
                 text.replace_range(start..end, "");
             }
             _ => {

@@ -168,7 +168,9 @@ pub enum LineVerdict {
     /// Drop the line and decode on in its place. From byte `from` of the
     /// line on, the tokens it was written with are banned where the new
     /// line follows it token for token, so the model writes something else.
-    Skip { from: usize },
+    Skip {
+        from: usize,
+    },
     /// Stop before the line.
     Stop,
 }

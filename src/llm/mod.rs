@@ -7,9 +7,7 @@ mod side_by_side;
 
 use crate::engine::constraint::Grammar;
 use crate::engine::prompt_format::PromptFormat;
-use crate::engine::{
-    check_lines_after, Engine, EngineIdentity, GenerateOptions, LineCheck, Usage,
-};
+use crate::engine::{check_lines_after, Engine, EngineIdentity, GenerateOptions, LineCheck, Usage};
 use crate::error::Result;
 use remote::{CacheFigures, RemoteIdentity, RemoteLlm, RemoteModel};
 use side_by_side::SideBySide;

@@ -223,7 +223,9 @@ impl RemoteModel {
             match first_refused_line(&text, &mut checked, refuse_line) {
                 None | Some((_, LineVerdict::Keep)) => {}
                 Some((start, LineVerdict::Skip { .. })) => {
-                    let end = text[start..].find('\n').map_or(text.len(), |at| start + at + 1);
+                    let end = text[start..]
+                        .find('\n')
+                        .map_or(text.len(), |at| start + at + 1);
                     text.replace_range(start..end, "");
                 }
                 Some((cut, LineVerdict::Stop)) => {

@@ -133,8 +133,14 @@ fn redundant(revision: &Revision, dropped: &Dropped) -> Refused {
         Redundancy::Duplicate => (RefusalKind::Duplicate, "duplicate: the memory already says"),
         Redundancy::Echo => (RefusalKind::Echo, "echo: copied from the prompt or schema"),
         Redundancy::Empty => (RefusalKind::Invalid, "empty: says nothing"),
-        Redundancy::Copy => (RefusalKind::Copy, "copy: repeats a long run of the text's words"),
-        Redundancy::Ungrounded => (RefusalKind::Ungrounded, "ungrounded: most of its words are not in what was read"),
+        Redundancy::Copy => (
+            RefusalKind::Copy,
+            "copy: repeats a long run of the text's words",
+        ),
+        Redundancy::Ungrounded => (
+            RefusalKind::Ungrounded,
+            "ungrounded: most of its words are not in what was read",
+        ),
     };
     Refused {
         revision: Some(render_revision(revision).trim_end().to_string()),

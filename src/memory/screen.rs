@@ -165,7 +165,9 @@ impl Screen {
         }
         let content: Vec<String> = words(text)
             .into_iter()
-            .filter(|word| word.chars().count() >= CONTENT_CHARS && !COMMON_WORDS.contains(&word.as_str()))
+            .filter(|word| {
+                word.chars().count() >= CONTENT_CHARS && !COMMON_WORDS.contains(&word.as_str())
+            })
             .collect();
         if content.is_empty() {
             return false;
@@ -519,17 +521,22 @@ mod tests {
         );
         assert!(screen.screen(&memory, &own).kept.is_some());
         // Without a source nothing is a copy.
-        assert!(Screen::new(["You keep notes."]).screen(&memory, &copied).kept.is_some());
+        assert!(Screen::new(["You keep notes."])
+            .screen(&memory, &copied)
+            .kept
+            .is_some());
     }
 
     #[test]
     fn a_note_about_the_world_rather_than_what_was_read_is_ungrounded() {
         let chunk = "Tomas Reddick read the letter twice and whitewashed the gallery rail.";
-        let shown = "The assistant keeper reads the Board's letter; Wenna Cole is the Marigold's skipper.";
+        let shown =
+            "The assistant keeper reads the Board's letter; Wenna Cole is the Marigold's skipper.";
         let screen = Screen::new(["You keep notes."]).with_source(chunk, Some(shown));
         let memory = json!({"themes": [], "people": {"Wenna Cole": ["Skipper of the Marigold."]}});
         let note = |text: &str| rev(Op::Add, "$.themes", json!([text]));
-        let worldly = note("The lighthouse is a source of inspiration for local artists and writers.");
+        let worldly =
+            note("The lighthouse is a source of inspiration for local artists and writers.");
         let screened = screen.screen(&memory, &worldly);
         assert_eq!(screened.kept, None);
         assert_eq!(screened.dropped[0].why, Redundancy::Ungrounded);
@@ -539,7 +546,10 @@ mod tests {
             "The assistant keeper answers the Board.",
             "Wenna Cole skippers the Marigold.",
         ] {
-            assert!(screen.screen(&memory, &note(grounded)).kept.is_some(), "{grounded}");
+            assert!(
+                screen.screen(&memory, &note(grounded)).kept.is_some(),
+                "{grounded}"
+            );
         }
     }
 

@@ -9,7 +9,7 @@
 //! level, so the pieces of a level read as one story.
 
 use super::baseline::{part_prompt, summarize_alone, words_for, Call, SYSTEM};
-use super::length::{to_length, target_words};
+use super::length::{target_words, to_length};
 use crate::chunk::Chunk;
 use crate::error::{Error, Result};
 use crate::llm::{Llm, Prompt};

@@ -9,7 +9,7 @@
 //! the summary changes every time.
 
 use super::baseline::{ends_mid_sentence, part_prompt, words_for, Call, SYSTEM};
-use super::length::{to_length, target_words};
+use super::length::{target_words, to_length};
 use crate::chunk::Chunk;
 use crate::error::Result;
 use crate::llm::{Llm, Prompt};

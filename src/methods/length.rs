@@ -135,7 +135,11 @@ pub fn condense(
     let mut asked_in_all = target;
     for round in 0..MAX_ROUNDS {
         let groups = group_by_words(&pieces, WORDS_PER_CALL);
-        let total: usize = pieces.iter().map(|piece| words(piece)).sum::<usize>().max(1);
+        let total: usize = pieces
+            .iter()
+            .map(|piece| words(piece))
+            .sum::<usize>()
+            .max(1);
         let mut written = Vec::with_capacity(groups.len());
         for (at, group) in groups.iter().enumerate() {
             let group_words: usize = group.iter().map(|piece| words(piece)).sum();
@@ -270,7 +274,9 @@ mod tests {
     fn a_part_prompt_names_its_part_and_its_words() {
         let prompt = condense_prompt(&["A fog came.".into()], Source::Notes, 80, 2, 3);
         let text = &prompt.segments[0];
-        assert!(text.starts_with("Notes taken while reading a document, in order:\n- A fog came.\n"));
+        assert!(
+            text.starts_with("Notes taken while reading a document, in order:\n- A fog came.\n")
+        );
         assert!(text.contains("part 2 of 3 of the document"), "{text}");
         assert!(text.contains("about 80 words"), "{text}");
         let whole = condense_prompt(&["A fog came.".into()], Source::Draft, 120, 1, 1);

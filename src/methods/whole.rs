@@ -4,7 +4,7 @@
 //! naming both sizes, never cut to fit.
 
 use super::baseline::{Call, SYSTEM};
-use super::length::{to_length, target_words, tokens_for};
+use super::length::{target_words, to_length, tokens_for};
 use super::AnswerForm;
 use crate::chunk::Chunk;
 use crate::error::{Error, Result};

@@ -139,7 +139,8 @@ mod tests {
     fn the_share_counts_grams_and_the_run_is_the_longest_piece() {
         let document = DocumentWords::new(DOCUMENT);
         // 8 copied words then 4 new ones: 5 grams, the first one copied.
-        let half = document.copying(&["the keeper lit the lamp at dusk fog and then slept soundly"]);
+        let half =
+            document.copying(&["the keeper lit the lamp at dusk fog and then slept soundly"]);
         assert_eq!(half.words, 12);
         assert!((half.copied_8gram_share - 0.2).abs() < 1e-12);
         assert_eq!(half.longest_copy_words, 8);
@@ -162,6 +163,11 @@ mod tests {
         let document = DocumentWords::new(DOCUMENT);
         assert_eq!(document.copying(&["the keeper"]).copied_8gram_share, 0.0);
         assert_eq!(document.copying::<&str>(&[]), Copying::default());
-        assert!(DocumentWords::new("").copying(&[DOCUMENT]).longest_copy_words == 0);
+        assert!(
+            DocumentWords::new("")
+                .copying(&[DOCUMENT])
+                .longest_copy_words
+                == 0
+        );
     }
 }

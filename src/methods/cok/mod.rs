@@ -23,6 +23,7 @@ pub mod chain;
 pub mod merge;
 mod update;
 
+use super::length::{target_words, to_length, tokens_for};
 use crate::chunk::Chunk;
 use crate::engine::constraint::Grammar;
 use crate::error::{Error, Result};
@@ -33,7 +34,6 @@ use crate::memory::{parse_memory, render_in_place, Revision, Schema};
 use crate::metrics::Tokens;
 use crate::run::dir::RunDir;
 use crate::run::{prompt_texts, Advance, Finish, Method, Position};
-use super::length::{to_length, target_words, tokens_for};
 use chain::KeyChain;
 use serde_json::Value;
 use std::time::Instant;

@@ -22,9 +22,9 @@ mod prompt;
 
 use crate::chunk::Chunk;
 use crate::engine::constraint::Grammar;
+use crate::engine::{is_zero, LineVerdict};
 use crate::error::Result;
 use crate::llm::{Llm, Prompt};
-use crate::engine::{is_zero, LineVerdict};
 use crate::memory::grammar::{binds_a_limit, revision_grammar, MAX_LINES};
 use crate::memory::revise::{apply_revisions, RefusalKind, Refused};
 use crate::memory::{
@@ -383,9 +383,10 @@ impl<'a> Prism<'a> {
             ))
         });
         let screen = match self.config.answer_form {
-            AnswerForm::Summary => self
-                .screen
-                .with_source(&chunk.text, summary.as_ref().map(|summary| summary.text.as_str())),
+            AnswerForm::Summary => self.screen.with_source(
+                &chunk.text,
+                summary.as_ref().map(|summary| summary.text.as_str()),
+            ),
             AnswerForm::Direct => self.screen.clone(),
         };
         let skipped = RefCell::new(Vec::new());
@@ -617,7 +618,9 @@ pub const SKIPS_BEFORE_STOP: usize = 3;
 /// digit, so a line written in its place keeps the revision's form and its
 /// path but says something else.
 fn note_start(line: &str) -> usize {
-    let value = line.find("\"value\":").map_or(0, |at| at + "\"value\":".len());
+    let value = line
+        .find("\"value\":")
+        .map_or(0, |at| at + "\"value\":".len());
     line[value..]
         .find(|c: char| c.is_alphanumeric())
         .map_or(value, |at| value + at)
