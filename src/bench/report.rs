@@ -159,6 +159,10 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
             (|prism| prism.revisions_echo, "Echo revisions"),
             (|prism| prism.revisions_copy, "Copy revisions"),
             (|prism| prism.revisions_ungrounded, "Ungrounded revisions"),
+            (
+                |prism| prism.revisions_first_person,
+                "First-person revisions",
+            ),
             (|prism| prism.revision_lines_skipped, "Lines skipped"),
             (|prism| prism.revisions_capped, "Capped revisions"),
             (
@@ -678,6 +682,7 @@ mod tests {
             revisions_echo: 1,
             revisions_copy: 2,
             revisions_ungrounded: 6,
+            revisions_first_person: 7,
             revision_lines_skipped: 5,
             revisions_capped: 0,
             revision_steps_stopped: 3,
@@ -686,13 +691,13 @@ mod tests {
         let report = markdown(&with);
         assert!(
             report.contains(
-                "| Echo (%) | Duplicate revisions | Echo revisions | Copy revisions | Ungrounded revisions | Lines skipped | Capped revisions | Steps stopped at a repeat |\n\
-                 |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
+                "| Echo (%) | Duplicate revisions | Echo revisions | Copy revisions | Ungrounded revisions | First-person revisions | Lines skipped | Capped revisions | Steps stopped at a repeat |\n\
+                 |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
             ),
             "{report}"
         );
         assert!(
-            report.contains("| 9 | 12.5 | 0.0 | 4 | 1 | 2 | 6 | 5 | 0 | 3 |\n"),
+            report.contains("| 9 | 12.5 | 0.0 | 4 | 1 | 2 | 6 | 7 | 5 | 0 | 3 |\n"),
             "{report}"
         );
         // A run without them shows dashes.

@@ -94,6 +94,13 @@ pub fn run(args: GenerateArgs, matches: &ArgMatches) -> Result<()> {
         } else {
             engine.text_prompt(prompt)?
         };
+        let options = GenerateOptions {
+            copy_source: match options.sampling.no_copy_ngram {
+                0 => Vec::new(),
+                _ => engine.tokenizer().encode(prompt)?,
+            },
+            ..options.clone()
+        };
         let generation = engine
             .generate(&ids, &options)
             .with_context(|| format!("prompt {call}"))?;

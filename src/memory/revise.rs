@@ -26,6 +26,8 @@ pub enum RefusalKind {
     Copy,
     /// Its words are mostly not in what was read: it notes the world, not the text.
     Ungrounded,
+    /// It speaks as "I" or "we" where notes are in the third person.
+    FirstPerson,
 }
 
 /// A revision the program refused, with the reason.
@@ -140,6 +142,10 @@ fn redundant(revision: &Revision, dropped: &Dropped) -> Refused {
         Redundancy::Ungrounded => (
             RefusalKind::Ungrounded,
             "ungrounded: most of its words are not in what was read",
+        ),
+        Redundancy::FirstPerson => (
+            RefusalKind::FirstPerson,
+            "first person: a note tells the text in the third person",
         ),
     };
     Refused {

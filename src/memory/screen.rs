@@ -82,6 +82,9 @@ pub enum Redundancy {
     /// Too few of its content words are in the source or the memory
     /// ([`GROUNDED_SHARE`]).
     Ungrounded,
+    /// It speaks as "I" or "we" outside a quotation, where notes on a
+    /// summary are in the third person.
+    FirstPerson,
 }
 
 /// A value taken out of a revision, and why.
@@ -112,6 +115,20 @@ pub struct Screen {
     /// The stems of the words of the source and of what else was read.
     read: HashSet<String>,
 }
+
+/// Words that speak in the first person.
+const FIRST_PERSON: &[&str] = &[
+    "I",
+    "me",
+    "my",
+    "mine",
+    "myself",
+    "we",
+    "us",
+    "our",
+    "ours",
+    "ourselves",
+];
 
 impl Screen {
     /// A screen against `reference`: every text the model was shown that is
@@ -179,6 +196,27 @@ impl Screen {
         (grounded as f64) < GROUNDED_SHARE * content.len() as f64
     }
 
+    /// Whether `text` speaks in the first person outside its quotations;
+    /// never without a summary shown, which tells the source in the third
+    /// person (a text told as "I" is still noted as someone's account).
+    fn first_person(&self, text: &str) -> bool {
+        if self.read.is_empty() {
+            return false;
+        }
+        text.split(['"', '\u{201c}', '\u{201d}'])
+            .step_by(2)
+            .flat_map(|unquoted| unquoted.split(|c: char| !c.is_alphabetic()))
+            .any(|word| {
+                FIRST_PERSON.iter().any(|first| {
+                    word == *first
+                        || (*first != "I"
+                            && word.len() == first.len()
+                            && word.starts_with(|c: char| c.is_uppercase())
+                            && word.eq_ignore_ascii_case(first))
+                })
+            })
+    }
+
     /// Whether `text` repeats a run of [`COPY_RUN_WORDS`] words of the source.
     fn copies_source(&self, text: &str) -> bool {
         !self.source.is_empty()
@@ -233,10 +271,11 @@ impl Screen {
         }
         // One string that echoes the prompt, copies the source or was not
         // read takes the whole value with it.
-        let tests: [(fn(&Screen, &str) -> bool, Redundancy); 3] = [
+        let tests: [(fn(&Screen, &str) -> bool, Redundancy); 4] = [
             (Screen::echoes, Redundancy::Echo),
             (Screen::copies_source, Redundancy::Copy),
             (Screen::ungrounded, Redundancy::Ungrounded),
+            (Screen::first_person, Redundancy::FirstPerson),
         ];
         for (fails, why) in tests {
             if let Some(text) = strings.iter().find(|text| fails(self, text)) {
@@ -318,6 +357,8 @@ impl Screen {
                 Some(Redundancy::Copy)
             } else if self.ungrounded(text) {
                 Some(Redundancy::Ungrounded)
+            } else if self.first_person(text) {
+                Some(Redundancy::FirstPerson)
             } else if is_duplicate(&item_words, seen) {
                 Some(Redundancy::Duplicate)
             } else {
@@ -499,6 +540,36 @@ mod tests {
     use super::*;
     use crate::memory::testing::rev;
     use serde_json::json;
+
+    #[test]
+    fn a_note_in_the_first_person_is_refused_where_a_summary_was_shown() {
+        let chunk = "Tomas and I took turns through each night wiping the lens.";
+        let screen = Screen::new(["You keep notes."]).with_source(chunk, Some(chunk));
+        let memory = json!({"events": []});
+        for first in [
+            "Tomas and I wiped the lens.",
+            "We wiped the lens each night.",
+            "Tomas wiped our lens.",
+        ] {
+            let screened = screen.screen(&memory, &rev(Op::Add, "$.events", json!(first)));
+            assert_eq!(screened.dropped[0].why, Redundancy::FirstPerson, "{first}");
+        }
+        for third in [
+            "Tomas and the keeper wiped the lens each night.",
+            "Tomas said \"I wiped the lens\" to the keeper.",
+            "The US keepers wiped the lens.",
+        ] {
+            let screened = screen.screen(&memory, &rev(Op::Add, "$.events", json!(third)));
+            assert!(screened.kept.is_some(), "{third}: {screened:?}");
+        }
+        // Shown the text itself, a note may keep its voice.
+        let text_screen = Screen::new(["You keep notes."]).with_source(chunk, None);
+        let kept = text_screen.screen(
+            &memory,
+            &rev(Op::Add, "$.events", json!("Tomas and I wiped the lens.")),
+        );
+        assert!(kept.kept.is_some());
+    }
 
     #[test]
     fn a_note_that_copies_a_long_run_of_the_source_is_a_copy() {

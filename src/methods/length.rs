@@ -5,13 +5,12 @@
 //! of methods whose summaries differ in length says little. Every method
 //! that writes a summary aims at the same number of words ([`target_words`]),
 //! and one whose answer comes out much longer hands it to [`condense`],
-//! which merges it part by part, as BooookScore's hierarchical merging does,
-//! from the method's own text alone.
+//! which merges runs of its sentences, from the method's own text alone.
 
 use super::baseline::Call;
 use crate::chunk::Chunk;
 use crate::error::Result;
-use crate::llm::{Llm, Prompt};
+use crate::llm::{Llm, Prompt, Request};
 
 /// The default target is this share of the document's words...
 const DOCUMENT_SHARE: f64 = 0.1;
@@ -22,12 +21,10 @@ pub const MAX_TARGET_WORDS: usize = 600;
 
 /// An answer up to this much longer than its target is left as written.
 const SLACK: f64 = 1.25;
-/// The most words of text one condensing call reads: more, and
-/// Qwen2.5-Coder-1.5B copies its input out instead of condensing it.
-const WORDS_PER_CALL: usize = 1200;
-/// The fewest words one part of a condensed answer is asked for.
-const MIN_PART_WORDS: usize = 40;
-/// Rounds of condensing before the answer is kept whatever its length.
+/// About how many words one merged sentence comes to: Qwen2.5-Coder-1.5B,
+/// asked to combine three or four sentences into one, wrote 20 to 33.
+const WORDS_PER_MERGED_SENTENCE: usize = 25;
+/// Rounds of merging before the answer is kept whatever its length.
 const MAX_ROUNDS: usize = 3;
 
 /// The summary length in words a run aims at: `requested` (`--summary-words`),
@@ -49,49 +46,16 @@ pub fn tokens_for(words: usize) -> usize {
     words * 2 + 40
 }
 
-/// What a method's final text is made of, which the condensing prompt names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// Notes taken while reading (PRISM's memory).
-    Notes,
-    /// A summary that came out longer than asked, or summaries of its parts.
-    Draft,
-}
-
 /// The system turn of every condensing call, whatever the method.
 pub const CONDENSE_SYSTEM: &str = "You write clear summaries of documents in plain prose, in your own words and in the third person.";
 
-/// The prompt that condenses `pieces` (part `part` of `parts`) into about
-/// `words` words.
-pub fn condense_prompt(
-    pieces: &[String],
-    source: Source,
-    words: usize,
-    part: usize,
-    parts: usize,
-) -> Prompt {
-    let heading = match source {
-        Source::Notes => "Notes taken while reading a document, in order",
-        Source::Draft => "A draft summary of a document, in order",
-    };
-    let listed: String = pieces
-        .iter()
-        .map(|piece| match source {
-            Source::Notes => format!("- {}\n", piece.trim()),
-            Source::Draft => format!("{}\n\n", piece.trim()),
-        })
-        .collect();
-    let scope = if parts > 1 {
-        format!("part {part} of {parts} of the document (the text above covers only that part)")
-    } else {
-        "the document".to_string()
-    };
+/// The prompt that merges consecutive `sentences` of a summary into one.
+pub fn merge_prompt(sentences: &[&str]) -> Prompt {
     Prompt {
         system: Some(CONDENSE_SYSTEM.to_string()),
         segments: vec![format!(
-            "{heading}:\n{listed}\nWrite a summary of {scope} in about {words} words of plain prose, in your own words and in the third person. \
-             Tell its main events or points in order and name the people involved; where the text above says \"I\", name the writer. \
-             Tell what happens, not what the notes or the document mention. Output only the summary.\n"
+            "Combine these sentences into one shorter sentence that keeps the names and the main event:\n\n{}\n",
+            sentences.join(" ")
         )],
         source: None,
     }
@@ -106,7 +70,7 @@ pub fn to_length(llm: &mut dyn Llm, text: &str, target: usize) -> Result<Condens
             calls: Vec::new(),
         });
     }
-    condense(llm, &[text.to_string()], Source::Draft, target)
+    condense(llm, &[text.to_string()], target)
 }
 
 /// A condensed answer and the calls that made it.
@@ -116,60 +80,106 @@ pub struct Condensed {
     pub calls: Vec<Call>,
 }
 
-/// Condense `pieces` (notes or drafts, in order) into a summary of about
-/// `target` words. Pieces of more than one call's reading are condensed in
-/// consecutive parts, each asked for its share of the words; when what was
-/// written runs over the target, it is condensed again.
-pub fn condense(
-    llm: &mut dyn Llm,
-    pieces: &[String],
-    source: Source,
-    target: usize,
-) -> Result<Condensed> {
-    let mut pieces: Vec<String> = pieces.to_vec();
-    let mut source = source;
+/// Condense `pieces` (notes or a draft, in order) into a summary of about
+/// `target` words, by merging each run of consecutive sentences into one.
+///
+/// A small model asked to shorten a list of notes or a summary to a length
+/// copies it out until its token budget runs out, so that only the
+/// beginning survives: Qwen2.5-Coder-1.5B did so with every wording tried,
+/// notes listed or run together, instruction before or after. Asked to
+/// combine three or four sentences into one, it does, so every part of the
+/// document keeps its share of the summary. Rounds repeat while the text
+/// stays more than a quarter over the target.
+pub fn condense(llm: &mut dyn Llm, pieces: &[String], target: usize) -> Result<Condensed> {
+    // A note without a closing mark ("Ada: the keeper") still ends where
+    // it ends, and a merge prompt shows it as a sentence.
+    let mut sentences: Vec<String> = pieces
+        .iter()
+        .map(|piece| piece.trim())
+        .filter(|piece| !piece.is_empty())
+        .map(
+            |piece| match piece.ends_with(['.', '!', '?', '"', '\u{201d}']) {
+                true => piece.to_string(),
+                false => format!("{piece}."),
+            },
+        )
+        .collect();
     let mut calls = Vec::new();
-    // The words asked for in all: the target at first, then less by as
-    // much as the last round overshot, since a small model asked to
-    // shorten a text to a length keeps most of it.
-    let mut asked_in_all = target;
-    for round in 0..MAX_ROUNDS {
-        let groups = group_by_words(&pieces, WORDS_PER_CALL);
-        let total: usize = pieces
+    for _ in 0..MAX_ROUNDS {
+        // A merge may come back as more than one sentence.
+        sentences = sentences
             .iter()
-            .map(|piece| words(piece))
-            .sum::<usize>()
-            .max(1);
-        let mut written = Vec::with_capacity(groups.len());
-        for (at, group) in groups.iter().enumerate() {
-            let group_words: usize = group.iter().map(|piece| words(piece)).sum();
-            let asked = if groups.len() == 1 {
-                asked_in_all
-            } else {
-                (asked_in_all * group_words / total).max(MIN_PART_WORDS)
-            };
-            let prompt = condense_prompt(group, source, asked, at + 1, groups.len());
-            let call = Call::run(llm, &prompt, tokens_for(asked))?;
-            let text = whole_sentences(&call);
+            .flat_map(|text| sentences_of(text))
+            .map(str::to_string)
+            .collect();
+        let total: usize = sentences.iter().map(|sentence| words(sentence)).sum();
+        if total as f64 <= target as f64 * SLACK {
+            break;
+        }
+        let groups = (target / WORDS_PER_MERGED_SENTENCE).max(1);
+        let runs = group_by_words(&sentences, total.div_ceil(groups));
+        if runs.iter().all(|run| run.len() == 1) {
+            break;
+        }
+        let merging: Vec<usize> = (0..runs.len()).filter(|&at| runs[at].len() > 1).collect();
+        let requests: Vec<Request> = merging
+            .iter()
+            .map(|&at| {
+                let run: Vec<&str> = runs[at].iter().map(String::as_str).collect();
+                Request {
+                    prompt: merge_prompt(&run),
+                    max_tokens: tokens_for(WORDS_PER_MERGED_SENTENCE * 2),
+                    grammar: None,
+                }
+            })
+            .collect();
+        let merged = Call::run_each(llm, &requests)?;
+        let mut next: Vec<String> = runs.iter().map(|run| run.join(" ")).collect();
+        for (&at, call) in merging.iter().zip(&merged) {
+            let text = whole_sentences(call);
             if !text.is_empty() {
-                written.push(text);
+                next[at] = text;
             }
-            calls.push(call);
         }
-        let joined = written.join("\n\n");
-        let last_round = round + 1 == MAX_ROUNDS;
-        if words(&joined) as f64 <= target as f64 * SLACK || last_round {
-            return Ok(Condensed {
-                text: joined,
-                calls,
-            });
-        }
-        let overshoot = words(&joined) as f64 / asked_in_all.max(1) as f64;
-        asked_in_all = ((target as f64 / overshoot).round() as usize).max(MIN_PART_WORDS);
-        pieces = written;
-        source = Source::Draft;
+        calls.extend(merged);
+        sentences = next;
     }
-    unreachable!("the last round returns")
+    Ok(Condensed {
+        text: paragraphs(&sentences),
+        calls,
+    })
+}
+
+/// Sentences of `text`, split where [`sentence_ends`] finds them.
+pub fn sentences_of(text: &str) -> Vec<&str> {
+    let mut start = 0;
+    let mut sentences = Vec::new();
+    for end in sentence_ends(text).into_iter().chain([text.len()]) {
+        let sentence = text[start..end].trim();
+        if !sentence.is_empty() {
+            sentences.push(sentence);
+        }
+        start = end;
+    }
+    sentences
+}
+
+/// Sentences laid out as paragraphs of about a hundred words.
+fn paragraphs(sentences: &[String]) -> String {
+    const PARAGRAPH_WORDS: usize = 100;
+    let mut text = String::new();
+    let mut paragraph_words = 0;
+    for sentence in sentences {
+        if paragraph_words >= PARAGRAPH_WORDS {
+            text.push_str("\n\n");
+            paragraph_words = 0;
+        } else if !text.is_empty() {
+            text.push(' ');
+        }
+        text.push_str(sentence.trim());
+        paragraph_words += words(sentence);
+    }
+    text
 }
 
 /// What `call` wrote, without a last sentence its token budget cut off.
@@ -210,16 +220,20 @@ fn group_by_words(pieces: &[String], limit: usize) -> Vec<Vec<String>> {
     groups
 }
 
-/// Where the last whole sentence of `text` ends: after a `.`, `!` or `?`
-/// that closes the text or comes before whitespace, and is not the dot of a
-/// list number ("3."), which a text cut at its token budget often ends on.
+/// Where the last whole sentence of `text` ends (see [`sentence_ends`]).
 pub fn last_sentence_end(text: &str) -> Option<usize> {
+    sentence_ends(text).last().copied()
+}
+
+/// Where the sentences of `text` end: after a `.`, `!` or `?` that closes
+/// the text or comes before whitespace, and is not the dot of a list number
+/// ("3."), which a text cut at its token budget often ends on.
+fn sentence_ends(text: &str) -> Vec<usize> {
     let chars: Vec<(usize, char)> = text.char_indices().collect();
     chars
         .iter()
         .enumerate()
-        .rev()
-        .find_map(|(at, &(offset, c))| {
+        .filter_map(|(at, &(offset, c))| {
             let closes = matches!(c, '.' | '!' | '?')
                 && chars
                     .get(at + 1)
@@ -234,6 +248,7 @@ pub fn last_sentence_end(text: &str) -> Option<usize> {
                     .is_none_or(|(_, earlier)| earlier.is_whitespace());
             (closes && !list_number).then_some(offset + c.len_utf8())
         })
+        .collect()
 }
 
 #[cfg(test)]
@@ -270,17 +285,101 @@ mod tests {
         assert_eq!(group_by_words(&long, 1200), [long.clone()]);
     }
 
+    /// Answers every merge with its first sentence, as a model that
+    /// merges perfectly would in fewer words.
+    struct FirstSentence {
+        prompts: Vec<String>,
+    }
+
+    impl Llm for FirstSentence {
+        fn complete(
+            &mut self,
+            prompt: &Prompt,
+            _max_tokens: usize,
+            _grammar: Option<&crate::engine::constraint::Grammar>,
+        ) -> Result<crate::llm::Completion> {
+            let text = prompt.segments.concat();
+            self.prompts.push(text.clone());
+            let merged = text.split("\n\n").nth(1).unwrap_or_default();
+            Ok(crate::llm::Completion {
+                text: sentences_of(merged)[0].to_string(),
+                usage: Default::default(),
+            })
+        }
+        fn count_tokens(&self, text: &str) -> Result<usize> {
+            Ok(words(text))
+        }
+        fn prompt_tokens(&self, prompt: &Prompt) -> Result<usize> {
+            Ok(words(&prompt.segments.concat()))
+        }
+        fn context_tokens(&self) -> usize {
+            4096
+        }
+    }
+
     #[test]
-    fn a_part_prompt_names_its_part_and_its_words() {
-        let prompt = condense_prompt(&["A fog came.".into()], Source::Notes, 80, 2, 3);
-        let text = &prompt.segments[0];
+    fn condensing_merges_runs_of_sentences_from_first_to_last() {
+        let notes: Vec<String> = (1..=12)
+            .map(|i| format!("Note {i} tells of one event in about ten words."))
+            .collect();
+        let mut llm = FirstSentence {
+            prompts: Vec::new(),
+        };
+        // 120 words of notes to 50: two runs of six, each merged into one.
+        let condensed = condense(&mut llm, &notes, 50).unwrap();
+        assert_eq!(llm.prompts.len(), 2);
+        assert!(llm.prompts[0].starts_with("Combine these sentences into one"));
+        assert!(llm.prompts[0].contains("Note 1 tells") && llm.prompts[0].contains("Note 6 tells"));
         assert!(
-            text.starts_with("Notes taken while reading a document, in order:\n- A fog came.\n")
+            llm.prompts[1].contains("Note 7 tells") && llm.prompts[1].contains("Note 12 tells")
         );
-        assert!(text.contains("part 2 of 3 of the document"), "{text}");
-        assert!(text.contains("about 80 words"), "{text}");
-        let whole = condense_prompt(&["A fog came.".into()], Source::Draft, 120, 1, 1);
-        assert!(whole.segments[0].contains("summary of the document in about 120 words"));
+        assert_eq!(
+            condensed.text,
+            "Note 1 tells of one event in about ten words. Note 7 tells of one event in about ten words."
+        );
+        assert_eq!(condensed.calls.len(), 2);
+    }
+
+    #[test]
+    fn a_note_without_a_closing_mark_is_merged_as_a_sentence() {
+        let notes: Vec<String> = ["Ada: the keeper", "", "Tomas: her assistant"]
+            .iter()
+            .map(|note| note.to_string())
+            .chain((1..=12).map(|i| format!("Note {i} tells of one event in about ten words.")))
+            .collect();
+        let mut llm = FirstSentence {
+            prompts: Vec::new(),
+        };
+        condense(&mut llm, &notes, 50).unwrap();
+        assert!(
+            llm.prompts[0].contains("\n\nAda: the keeper. Tomas: her assistant. Note 1 tells"),
+            "{}",
+            llm.prompts[0]
+        );
+    }
+
+    #[test]
+    fn text_within_its_target_is_left_as_written() {
+        let mut llm = FirstSentence {
+            prompts: Vec::new(),
+        };
+        let text = "1. Keep tools dull.\n2. Jam the locks.";
+        assert_eq!(to_length(&mut llm, text, 120).unwrap().text, text);
+        assert!(llm.prompts.is_empty());
+    }
+
+    #[test]
+    fn sentences_split_at_their_ends_only() {
+        assert_eq!(
+            sentences_of("It cost 3.50 in all. Then it rained!  1. A list item.\nA tail"),
+            [
+                "It cost 3.50 in all.",
+                "Then it rained!",
+                "1. A list item.",
+                "A tail"
+            ]
+        );
+        assert!(sentences_of("  ").is_empty());
     }
 
     #[test]

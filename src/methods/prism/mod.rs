@@ -10,13 +10,14 @@
 //! When the amendments grow so long that the next prompt would not fit the
 //! context, they are folded into one object and appending starts again.
 //!
-//! For a summary, each chunk is first summarized on its own, and the
-//! revision step notes that summary rather than the chunk, so the notes are
-//! in the model's own words. The revisions are screened before they are
-//! applied: what the memory already holds, what copies the prompt and what
-//! copies a long run of the chunk are refused and counted. The final answer is condensed from the
-//! memory's notes to the run's target length ([`length::condense`]). The words
-//! of every prompt are in `prompt.rs`.
+//! For a summary, each chunk is first summarized on its own and its people
+//! listed; the revision step notes that summary rather than the chunk, so
+//! the notes are in the model's own words, and the people are added after.
+//! Revisions are screened before they are applied (repeats, copies of the
+//! prompt or the chunk, the first person) and what is refused is counted.
+//! The final answer is condensed from the memory's notes, people first, to
+//! the run's target length ([`length::condense`]). The words of every
+//! prompt are in `prompt.rs`.
 
 mod prompt;
 
@@ -28,19 +29,19 @@ use crate::llm::{Llm, Prompt};
 use crate::memory::grammar::{binds_a_limit, revision_grammar, MAX_LINES};
 use crate::memory::revise::{apply_revisions, RefusalKind, Refused};
 use crate::memory::{
-    apply, parse_revisions, render_in_place, Amendments, Op, RejectionKind, Revision, Schema,
-    Screen,
+    apply, parse_revisions, render_in_place, render_revision, Amendments, JsonPath, Op, Redundancy,
+    RejectionKind, Revision, Schema, Screen,
 };
 use crate::methods::baseline::Call;
-use crate::methods::length::{self, condense, target_words, Source, CONDENSE_SYSTEM};
+use crate::methods::length::{self, condense, target_words, CONDENSE_SYSTEM};
 use crate::methods::AnswerForm;
 use crate::metrics::copying::DocumentWords;
 use crate::metrics::Tokens;
 use crate::run::dir::RunDir;
 use crate::run::{Advance, Finish, Method, Position};
 use prompt::{
-    preamble, query_request, revision_request, summary_request, EMPTY_MEMORY, QUERY_SYSTEM,
-    REVISION_REQUEST, SUMMARY_SYSTEM, SYSTEM,
+    preamble, query_request, revision_request, summary_request, EMPTY_MEMORY, PEOPLE_REQUEST,
+    QUERY_SYSTEM, REVISION_REQUEST, SUMMARY_SYSTEM, SYSTEM,
 };
 use serde_json::Value;
 use std::cell::{Cell, RefCell};
@@ -155,9 +156,14 @@ pub struct Step {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
     /// The calls that wrote it, in order: a call per piece of the chunk,
-    /// and again for a piece whose summary copied it out.
+    /// again for a piece whose summary copied it out, then the call that
+    /// listed the chunk's people.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub summary_calls: Vec<Call>,
+    /// The people the chunk names, as the people call listed them and the
+    /// memory took them in, after the revision call's notes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub people: Vec<Revision>,
     pub applied: Vec<Revision>,
     pub rejected: Vec<Refused>,
     /// The amendments were folded into one object before this step's prompt,
@@ -205,6 +211,9 @@ pub struct PrismState {
     /// Values refused because their words were mostly not in what was read.
     #[serde(default)]
     pub revisions_ungrounded: usize,
+    /// Values refused because they spoke in the first person.
+    #[serde(default)]
+    pub revisions_first_person: usize,
     /// Lines refused while decoding, with the step going on in their place.
     #[serde(default)]
     pub revision_lines_skipped: usize,
@@ -232,6 +241,8 @@ pub struct PrismFigures {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub revisions_ungrounded: usize,
     #[serde(default, skip_serializing_if = "is_zero")]
+    pub revisions_first_person: usize,
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub revision_lines_skipped: usize,
     pub revisions_capped: usize,
     pub revision_steps_stopped: usize,
@@ -251,6 +262,7 @@ impl PrismState {
             revisions_echo: 0,
             revisions_copy: 0,
             revisions_ungrounded: 0,
+            revisions_first_person: 0,
             revision_lines_skipped: 0,
             revisions_capped: 0,
             revision_steps_stopped: 0,
@@ -332,6 +344,18 @@ impl<'a> Prism<'a> {
         }
     }
 
+    /// The prompt that lists the people of `chunk` and who they are.
+    pub fn people_prompt(chunk: &Chunk) -> Prompt {
+        Prompt {
+            system: Some(SUMMARY_SYSTEM.to_string()),
+            segments: vec![
+                PEOPLE_REQUEST.to_string(),
+                format!("{}\n", chunk.text.trim_end()),
+            ],
+            source: None,
+        }
+    }
+
     /// The prompt that answers the query from the memory: the whole memory
     /// as one object, then the query. Unlike a summary, a direct answer
     /// must weigh every note against the others (which candidate fits
@@ -369,6 +393,13 @@ impl<'a> Prism<'a> {
             Reading::Summary => Some(summarize(llm, chunk)?),
             Reading::Text => None,
         };
+        let screen = match self.config.answer_form {
+            AnswerForm::Summary => self.screen.with_source(
+                &chunk.text,
+                summary.as_ref().map(|summary| summary.text.as_str()),
+            ),
+            AnswerForm::Direct => self.screen.clone(),
+        };
         let (prompt, consolidated) =
             self.prompt_that_fits(llm, state, self.config.revision_tokens, |state| {
                 let shown = summary.as_ref().map(|summary| summary.text.as_str());
@@ -382,18 +413,17 @@ impl<'a> Prism<'a> {
                 MAX_LINES,
             ))
         });
-        let screen = match self.config.answer_form {
-            AnswerForm::Summary => self.screen.with_source(
-                &chunk.text,
-                summary.as_ref().map(|summary| summary.text.as_str()),
-            ),
-            AnswerForm::Direct => self.screen.clone(),
-        };
         let skipped = RefCell::new(Vec::new());
         let refused_in_a_row = Cell::new(0);
         let stopped_before = RefCell::new(None);
         let check_line = |kept: &str, line: &str| {
-            if !self.goes_round(&screen, &state.memory, kept, line) {
+            // A note in the first person is refused when the step's notes
+            // are applied, not while they are decoded: told to write on in
+            // its place, Qwen2.5-Coder-1.5B rewrote its earlier notes with
+            // words run together until the step stopped.
+            if in_first_person(&screen, &state.memory, line)
+                || !self.goes_round(&screen, &state.memory, kept, line)
+            {
                 refused_in_a_row.set(0);
                 return LineVerdict::Keep;
             }
@@ -418,6 +448,19 @@ impl<'a> Prism<'a> {
         state.revision_steps_stopped += usize::from(stopped_before.is_some());
         state.revision_lines_skipped += skipped.len();
         let (applied, rejected) = self.fold(&screen, state, &completion.text);
+        // The people go in after the step's own notes: applied before, their
+        // lines came last in the prompt, and the model went on writing
+        // people lines instead of noting the chunk. They are screened for
+        // repeats and echoes only: who someone is ("the writer") is rightly
+        // not in the text's words.
+        let people = match &summary {
+            Some(summary) => {
+                self.fold(&self.screen, state, &people_revisions(&summary.people))
+                    .0
+            }
+            None => Vec::new(),
+        };
+        state.revisions_applied += people.len();
         // From the output as written: applying drops the sentence a string
         // bound cut, and refused revisions were bound all the same.
         let capped = completion.usage.output_tokens >= self.config.revision_tokens
@@ -434,6 +477,7 @@ impl<'a> Prism<'a> {
                 RefusalKind::Echo => state.revisions_echo += 1,
                 RefusalKind::Copy => state.revisions_copy += 1,
                 RefusalKind::Ungrounded => state.revisions_ungrounded += 1,
+                RefusalKind::FirstPerson => state.revisions_first_person += 1,
             }
         }
         state.revisions_capped += usize::from(capped);
@@ -443,6 +487,7 @@ impl<'a> Prism<'a> {
             tokens: Tokens::of(&completion.usage),
             summary: summary.as_ref().map(|summary| summary.text.clone()),
             summary_calls: summary.map_or_else(Vec::new, |summary| summary.calls),
+            people,
             applied,
             rejected,
             consolidated,
@@ -538,7 +583,7 @@ impl<'a> Prism<'a> {
             let completion = llm.complete(&prompt, self.config.answer_tokens, None)?;
             return Ok(completion.text.trim().to_string());
         }
-        let notes = memory_notes(&state.memory);
+        let notes = notes_named_first(&state.memory);
         if notes.is_empty() {
             let prompt = Prompt {
                 system: Some(CONDENSE_SYSTEM.to_string()),
@@ -548,7 +593,7 @@ impl<'a> Prism<'a> {
             let completion = llm.complete(&prompt, length::tokens_for(target), None)?;
             return Ok(completion.text.trim().to_string());
         }
-        Ok(condense(llm, &notes, Source::Notes, target)?.text)
+        Ok(condense(llm, &notes, target)?.text)
     }
 }
 
@@ -573,17 +618,21 @@ const SUMMARY_ATTEMPTS: usize = 3;
 /// The summary of a chunk and the calls that wrote it.
 struct ChunkSummary {
     text: String,
+    /// Who the chunk names, and who they are.
+    people: Vec<(String, String)>,
     calls: Vec<Call>,
 }
 
 /// Summarize `chunk` piece by piece, pieces of at most [`WORDS_PER_SUMMARY`]
 /// words ending at paragraph or sentence ends, each in a few sentences. A
 /// piece's summary that copies the piece out ([`COPIED_SUMMARY`]) is asked
-/// for again with fewer sentences.
+/// for again with fewer sentences. The people the chunk names are listed in
+/// a call of their own.
 fn summarize(llm: &mut dyn Llm, chunk: &Chunk) -> Result<ChunkSummary> {
     let words = |text: &str| text.split_whitespace().count();
     let mut summary = ChunkSummary {
         text: String::new(),
+        people: Vec::new(),
         calls: Vec::new(),
     };
     for piece in crate::chunk::split(&chunk.text, WORDS_PER_SUMMARY, &words)? {
@@ -605,7 +654,44 @@ fn summarize(llm: &mut dyn Llm, chunk: &Chunk) -> Result<ChunkSummary> {
             sentences = (sentences / 2).max(1);
         }
     }
+    let call = Call::run(llm, &Prism::people_prompt(chunk), PEOPLE_TOKENS)?;
+    summary.people = people_listed(call.summary());
+    summary.calls.push(call);
     Ok(summary)
+}
+
+/// Tokens the list of a chunk's people may spend.
+const PEOPLE_TOKENS: usize = 200;
+
+/// The people a list names and who each is, from its lines of the form
+/// "- Name: who", each name once.
+fn people_listed(list: &str) -> Vec<(String, String)> {
+    let mut names = std::collections::HashSet::new();
+    list.lines()
+        .filter_map(|line| {
+            let (name, who) = line.trim().strip_prefix("- ")?.split_once(':')?;
+            let (name, who) = (name.trim(), who.trim());
+            let named = !name.is_empty() && !who.is_empty();
+            (named && names.insert(name.to_lowercase()))
+                .then(|| (name.to_string(), who.to_string()))
+        })
+        .collect()
+}
+
+/// Revision lines that add each of `people` to the memory's `people`, as
+/// the examples show a person noted. The model, shown the list and asked
+/// for revisions, filed every name under one key called `name`; written
+/// here, each person gets an entry of their own, screened and checked
+/// against the schema like any revision (a schema without `people` refuses
+/// them).
+fn people_revisions(people: &[(String, String)]) -> String {
+    people
+        .iter()
+        .map(|(name, who)| {
+            let path = JsonPath::root().key("people").key(name.as_str());
+            render_revision(&Revision::add(path, serde_json::json!([who])))
+        })
+        .collect()
 }
 
 /// Refused lines in a row after which a step stops: a small model under
@@ -613,6 +699,19 @@ fn summarize(llm: &mut dyn Llm, chunk: &Chunk) -> Result<ChunkSummary> {
 /// again and again, and a step that still does after this many has noted
 /// what it will.
 pub const SKIPS_BEFORE_STOP: usize = 3;
+
+/// Whether the screen refuses the revision `line` for speaking in the
+/// first person.
+fn in_first_person(screen: &Screen, memory: &Value, line: &str) -> bool {
+    let Some(Ok(revision)) = parse_revisions(line).into_iter().next() else {
+        return false;
+    };
+    screen
+        .screen(memory, &revision)
+        .dropped
+        .iter()
+        .any(|dropped| dropped.why == Redundancy::FirstPerson)
+}
 
 /// Where a refused line's own words begin: its value's first letter or
 /// digit, so a line written in its place keeps the revision's form and its
@@ -659,6 +758,21 @@ pub fn memory_notes(memory: &Value) -> Vec<String> {
     notes
 }
 
+/// The notes of a memory as a summary tells them: first those kept under
+/// a name (a person's, in the stock schemas), so that a summary says who
+/// its people are before what they do, then the rest, each in memory order.
+fn notes_named_first(memory: &Value) -> Vec<String> {
+    let Value::Object(members) = memory else {
+        return memory_notes(memory);
+    };
+    let (named, told): (Vec<_>, Vec<_>) = members.iter().partition(|(_, value)| value.is_object());
+    named
+        .into_iter()
+        .chain(told)
+        .flat_map(|(key, value)| memory_notes(&serde_json::json!({ key: value })))
+        .collect()
+}
+
 impl Method for Prism<'_> {
     type State = PrismState;
     type Step = Step;
@@ -674,13 +788,14 @@ impl Method for Prism<'_> {
     }
 
     fn template_texts(&self) -> Vec<String> {
-        let condensing = length::condense_prompt(&[], Source::Notes, 0, 1, 1);
+        let merging = length::merge_prompt(&[]);
         vec![
             SYSTEM.to_string(),
             self.preamble.clone(),
             REVISION_REQUEST.to_string(),
             CONDENSE_SYSTEM.to_string(),
-            condensing.segments.concat(),
+            merging.segments.concat(),
+            PEOPLE_REQUEST.to_string(),
             EMPTY_MEMORY.to_string(),
             QUERY_SYSTEM.to_string(),
         ]
@@ -723,6 +838,7 @@ impl Method for Prism<'_> {
             revisions_echo: state.revisions_echo,
             revisions_copy: state.revisions_copy,
             revisions_ungrounded: state.revisions_ungrounded,
+            revisions_first_person: state.revisions_first_person,
             revision_lines_skipped: state.revision_lines_skipped,
             revisions_capped: state.revisions_capped,
             revision_steps_stopped: state.revision_steps_stopped,
@@ -758,6 +874,39 @@ mod tests {
                 "Tomas fired a flare.",
                 "Wenna Cole: Skipper of the Marigold."
             ]
+        );
+    }
+
+    #[test]
+    fn a_people_list_becomes_one_revision_per_person() {
+        let list = "Here they are:\n- Ada Penhallow: the writer\n- Tomas: \n- Wenna Cole: a skipper\n- ada penhallow: the keeper\n- Liam O'Neill: a pilot\nnot a line: at all";
+        let people = people_listed(list);
+        assert_eq!(people.len(), 3, "{people:?}");
+        let revisions = crate::memory::parse_revisions(&people_revisions(&people));
+        let paths: Vec<String> = revisions
+            .into_iter()
+            .map(|revision| revision.unwrap().path.to_string())
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                "$.people.'Ada Penhallow'",
+                "$.people.'Wenna Cole'",
+                "$.people.'Liam O\\'Neill'"
+            ]
+        );
+    }
+
+    #[test]
+    fn named_notes_come_before_the_others() {
+        let memory = serde_json::json!({
+            "events": ["A fog came."],
+            "people": {"Ada": ["The keeper."]},
+            "themes": ["Duty."]
+        });
+        assert_eq!(
+            notes_named_first(&memory),
+            ["Ada: The keeper.", "A fog came.", "Duty."]
         );
     }
 

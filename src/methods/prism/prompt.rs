@@ -108,6 +108,14 @@ pub(super) fn summary_request(fewest: usize) -> String {
     )
 }
 
+/// The request that opens the call listing the people of a chunk, before
+/// the chunk. A summary in a few sentences leaves people out, the writer of
+/// a text told as "I" first of all: asked for the summary and the people in
+/// one call, Qwen2.5-Coder-1.5B copied the text out, and asked in the
+/// summary's request to name the writer, it named no one. Asked on its own
+/// who the people are, it lists them with who they are.
+pub(super) const PEOPLE_REQUEST: &str = "Who are the people in the following text? List each one on its own line, like \"- Jane Doe: the ship's cook\", and the writer too if the text says \"I\". List only people, not places or boats.\n\n";
+
 /// The system turn of a final answer to a query (`AnswerForm::Direct`).
 pub(super) const QUERY_SYSTEM: &str =
     "You answer a question about a long document from the notes you kept while reading it.";
