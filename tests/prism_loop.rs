@@ -27,7 +27,8 @@ fn config(memory: MemoryMode, updates: bool) -> PrismConfig {
         query: "Summarize the story.".into(),
         revision_tokens: 256,
         answer_tokens: 256,
-        summary_words: None,
+        // Below the notes' length, so that the final answer is a merge call.
+        summary_words: Some(3),
         constrained: false,
         reading: Reading::Text,
         answer_form: AnswerForm::Summary,
@@ -366,6 +367,7 @@ fn a_summary_of_each_chunk_is_what_the_revision_step_reads() {
         replies.push(format!(
             "The uneasy crew sails the ship north into ice, part {i}."
         ));
+        replies.push("- Ada Quill: the navigator".to_string());
         replies.push(reply.to_string());
     }
     replies.push(REPLIES[4].to_string());
@@ -380,19 +382,69 @@ fn a_summary_of_each_chunk_is_what_the_revision_step_reads() {
         panic!("the run should finish")
     };
     assert_eq!(summary, REPLIES[4]);
-    assert_eq!(stats.run.calls, 9);
+    assert_eq!(stats.run.calls, 13);
+    // The book schema has no `people`: the people listed are refused.
     assert_eq!(stats.method_figures.revisions_applied, 3);
     let steps: Vec<Step> = run_dir.read_jsonl("steps.jsonl").unwrap();
     for (i, (step, chunk)) in steps.iter().zip(&chunks).enumerate() {
         let read = format!("The uneasy crew sails the ship north into ice, part {i}.");
         assert_eq!(step.summary.as_deref(), Some(read.as_str()));
-        assert_eq!(step.summary_calls.len(), 1);
-        let summarizing = llm.prompts[2 * i].segments.concat();
+        assert_eq!(step.summary_calls.len(), 2);
+        assert!(step.people.is_empty());
+        let summarizing = llm.prompts[3 * i].segments.concat();
         assert!(summarizing.contains(chunk.text.trim()), "{summarizing}");
-        let revising = llm.prompts[2 * i + 1].segments.concat();
+        let listing = llm.prompts[3 * i + 1].segments.concat();
+        assert!(listing.starts_with("Who are the people"), "{listing}");
+        assert!(listing.contains(chunk.text.trim()), "{listing}");
+        let revising = llm.prompts[3 * i + 2].segments.concat();
         assert!(revising.contains(&read), "{revising}");
         assert!(!revising.contains(chunk.text.trim()), "{revising}");
     }
+}
+
+/// The people a chunk's own call lists become entries under `people`, added
+/// after the step's notes, and a summary introduces them first.
+#[test]
+fn the_people_listed_go_into_the_memory_and_lead_the_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema =
+        Schema::from_file(concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/summary.json")).unwrap();
+    let config = PrismConfig {
+        reading: Reading::Summary,
+        ..config(MemoryMode::Amendments, true)
+    };
+    let method = Prism::new(&config, &schema);
+    let replies = [
+        "The ship sails north.",
+        "The people:\n- Ada Quill: the navigator\n- Ada Quill: again",
+        r#"{"op": "add", "path": "$.events", "value": "The ship sails north."}"#,
+        "Ada Quill steers the ship north.",
+    ];
+    let mut llm = ScriptedLlm::new(&replies);
+    let run_dir = RunDir::create(dir.path()).unwrap();
+    let files = scripted_files(&run_dir, false, None);
+    let Outcome::Finished { summary, stats } =
+        drive(&method, &mut llm, &chunks(1), &files, &mut NoProgress).unwrap()
+    else {
+        panic!("the run should finish")
+    };
+    assert_eq!(summary, "Ada Quill steers the ship north.");
+    assert_eq!(stats.method_figures.revisions_applied, 2);
+    let memory: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("memory.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        memory["people"],
+        serde_json::json!({"Ada Quill": ["the navigator"]})
+    );
+    let steps: Vec<Step> = run_dir.read_jsonl("steps.jsonl").unwrap();
+    assert_eq!(steps[0].people.len(), 1);
+    assert_eq!(steps[0].applied.len(), 1);
+    let merging = llm.prompts[3].segments.concat();
+    assert!(
+        merging.contains("\n\nAda Quill: the navigator. The ship sails north.\n"),
+        "{merging}"
+    );
 }
 
 #[test]

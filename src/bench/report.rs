@@ -702,7 +702,7 @@ mod tests {
         );
         // A run without them shows dashes.
         assert!(
-            report.contains("| 9 | 12.5 | 0.0 | – | – | – | – | – | – | – |\n"),
+            report.contains("| 9 | 12.5 | 0.0 | – | – | – | – | – | – | – | – |\n"),
             "{report}"
         );
     }

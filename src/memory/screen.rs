@@ -130,6 +130,18 @@ const FIRST_PERSON: &[&str] = &[
     "ourselves",
 ];
 
+/// Whether `word` is the first-person word `first`, as written or
+/// capitalized at a sentence's start ("We"), but not in capitals ("US").
+fn speaks_as(word: &str, first: &str) -> bool {
+    let mut chars = word.chars();
+    word == first
+        || (first != "I"
+            && chars
+                .next()
+                .is_some_and(|c| c.is_uppercase() && first.starts_with(c.to_ascii_lowercase()))
+            && chars.as_str() == &first[1..])
+}
+
 impl Screen {
     /// A screen against `reference`: every text the model was shown that is
     /// not the document or the memory.
@@ -206,15 +218,7 @@ impl Screen {
         text.split(['"', '\u{201c}', '\u{201d}'])
             .step_by(2)
             .flat_map(|unquoted| unquoted.split(|c: char| !c.is_alphabetic()))
-            .any(|word| {
-                FIRST_PERSON.iter().any(|first| {
-                    word == *first
-                        || (*first != "I"
-                            && word.len() == first.len()
-                            && word.starts_with(|c: char| c.is_uppercase())
-                            && word.eq_ignore_ascii_case(first))
-                })
-            })
+            .any(|word| FIRST_PERSON.iter().any(|first| speaks_as(word, first)))
     }
 
     /// Whether `text` repeats a run of [`COPY_RUN_WORDS`] words of the source.
@@ -544,7 +548,9 @@ mod tests {
     #[test]
     fn a_note_in_the_first_person_is_refused_where_a_summary_was_shown() {
         let chunk = "Tomas and I took turns through each night wiping the lens.";
-        let screen = Screen::new(["You keep notes."]).with_source(chunk, Some(chunk));
+        let summary =
+            "Tomas said to the keeper that he wiped the lens each night, as the US keepers did.";
+        let screen = Screen::new(["You keep notes."]).with_source(chunk, Some(summary));
         let memory = json!({"events": []});
         for first in [
             "Tomas and I wiped the lens.",
