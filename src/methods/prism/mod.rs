@@ -664,14 +664,21 @@ fn summarize(llm: &mut dyn Llm, chunk: &Chunk) -> Result<ChunkSummary> {
 const PEOPLE_TOKENS: usize = 200;
 
 /// The people a list names and who each is, from its lines of the form
-/// "- Name: who", each name once.
+/// "- Name: who", each name once. Asked for the people of a manual, the
+/// 1.5B model also listed its date ("17 January 1944") and its status
+/// ("(Provisional)"): a name starts with a capital letter, holds no digit
+/// and is a few words long.
 fn people_listed(list: &str) -> Vec<(String, String)> {
+    const MAX_NAME_WORDS: usize = 6;
     let mut names = std::collections::HashSet::new();
     list.lines()
         .filter_map(|line| {
             let (name, who) = line.trim().strip_prefix("- ")?.split_once(':')?;
             let (name, who) = (name.trim(), who.trim());
-            let named = !name.is_empty() && !who.is_empty();
+            let named = name.starts_with(char::is_uppercase)
+                && !name.contains(|c: char| c.is_ascii_digit())
+                && name.split_whitespace().count() <= MAX_NAME_WORDS
+                && !who.is_empty();
             (named && names.insert(name.to_lowercase()))
                 .then(|| (name.to_string(), who.to_string()))
         })
@@ -879,7 +886,7 @@ mod tests {
 
     #[test]
     fn a_people_list_becomes_one_revision_per_person() {
-        let list = "Here they are:\n- Ada Penhallow: the writer\n- Tomas: \n- Wenna Cole: a skipper\n- ada penhallow: the keeper\n- Liam O'Neill: a pilot\nnot a line: at all";
+        let list = "Here they are:\n- Ada Penhallow: the writer\n- Tomas: \n- Wenna Cole: a skipper\n- Ada Penhallow: the keeper\n- Liam O'Neill: a pilot\nnot a line: at all\n- 17 January 1944: the date\n- (Provisional): the status\n- lowercase name: someone";
         let people = people_listed(list);
         assert_eq!(people.len(), 3, "{people:?}");
         let revisions = crate::memory::parse_revisions(&people_revisions(&people));
