@@ -317,9 +317,18 @@ impl Screen {
     /// Qwen2.5-Coder-1.5B kept on the keeper's log), while a greedy model that
     /// has begun to repeat itself rewords the same note (0.55 and up on the
     /// Sabotage manual), so a step can stop at the first such line.
+    ///
+    /// A note in the first person is not a loop: it is refused when the
+    /// step's notes are applied, not while they are decoded. Told to write
+    /// on in its place, Qwen2.5-Coder-1.5B rewrote its earlier notes with
+    /// words run together until the step stopped.
     pub fn goes_round(&self, memory: &Value, revision: &Revision) -> bool {
-        let Some(kept) = self.screen(memory, revision).kept else {
-            return true;
+        let screened = self.screen(memory, revision);
+        let Some(kept) = screened.kept else {
+            return screened
+                .dropped
+                .iter()
+                .all(|dropped| dropped.why != Redundancy::FirstPerson);
         };
         let mut existing = Vec::new();
         let replaced = (revision.op == Op::Update).then(|| revision.path.segments());
@@ -559,6 +568,8 @@ mod tests {
         ] {
             let screened = screen.screen(&memory, &rev(Op::Add, "$.events", json!(first)));
             assert_eq!(screened.dropped[0].why, Redundancy::FirstPerson, "{first}");
+            // Refused when applied, but not a loop to stop decoding at.
+            assert!(!screen.goes_round(&memory, &rev(Op::Add, "$.events", json!(first))));
         }
         for third in [
             "Tomas and the keeper wiped the lens each night.",

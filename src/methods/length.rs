@@ -11,6 +11,7 @@ use super::baseline::Call;
 use crate::chunk::Chunk;
 use crate::error::Result;
 use crate::llm::{Llm, Prompt, Request};
+use crate::sentences::split_sentences;
 
 /// The default target is this share of the document's words...
 const DOCUMENT_SHARE: f64 = 0.1;
@@ -109,8 +110,7 @@ pub fn condense(llm: &mut dyn Llm, pieces: &[String], target: usize) -> Result<C
         // A merge may come back as more than one sentence.
         sentences = sentences
             .iter()
-            .flat_map(|text| sentences_of(text))
-            .map(str::to_string)
+            .flat_map(|text| split_sentences(text))
             .collect();
         let total: usize = sentences.iter().map(|sentence| words(sentence)).sum();
         if total as f64 <= target as f64 * SLACK {
@@ -148,20 +148,6 @@ pub fn condense(llm: &mut dyn Llm, pieces: &[String], target: usize) -> Result<C
         text: paragraphs(&sentences),
         calls,
     })
-}
-
-/// Sentences of `text`, split where [`sentence_ends`] finds them.
-pub fn sentences_of(text: &str) -> Vec<&str> {
-    let mut start = 0;
-    let mut sentences = Vec::new();
-    for end in sentence_ends(text).into_iter().chain([text.len()]) {
-        let sentence = text[start..end].trim();
-        if !sentence.is_empty() {
-            sentences.push(sentence);
-        }
-        start = end;
-    }
-    sentences
 }
 
 /// Sentences laid out as paragraphs of about a hundred words.
@@ -220,20 +206,16 @@ fn group_by_words(pieces: &[String], limit: usize) -> Vec<Vec<String>> {
     groups
 }
 
-/// Where the last whole sentence of `text` ends (see [`sentence_ends`]).
+/// Where the last whole sentence of `text` ends: after a `.`, `!` or `?`
+/// that closes the text or comes before whitespace, and is not the dot of a
+/// list number ("3."), which a text cut at its token budget often ends on.
 pub fn last_sentence_end(text: &str) -> Option<usize> {
-    sentence_ends(text).last().copied()
-}
-
-/// Where the sentences of `text` end: after a `.`, `!` or `?` that closes
-/// the text or comes before whitespace, and is not the dot of a list number
-/// ("3."), which a text cut at its token budget often ends on.
-fn sentence_ends(text: &str) -> Vec<usize> {
     let chars: Vec<(usize, char)> = text.char_indices().collect();
     chars
         .iter()
         .enumerate()
-        .filter_map(|(at, &(offset, c))| {
+        .rev()
+        .find_map(|(at, &(offset, c))| {
             let closes = matches!(c, '.' | '!' | '?')
                 && chars
                     .get(at + 1)
@@ -248,7 +230,6 @@ fn sentence_ends(text: &str) -> Vec<usize> {
                     .is_none_or(|(_, earlier)| earlier.is_whitespace());
             (closes && !list_number).then_some(offset + c.len_utf8())
         })
-        .collect()
 }
 
 #[cfg(test)]
@@ -302,7 +283,7 @@ mod tests {
             self.prompts.push(text.clone());
             let merged = text.split("\n\n").nth(1).unwrap_or_default();
             Ok(crate::llm::Completion {
-                text: sentences_of(merged)[0].to_string(),
+                text: split_sentences(merged)[0].clone(),
                 usage: Default::default(),
             })
         }
@@ -341,8 +322,8 @@ mod tests {
     }
 
     #[test]
-    fn a_note_without_a_closing_mark_is_merged_as_a_sentence() {
-        let notes: Vec<String> = ["Ada: the keeper", "", "Tomas: her assistant"]
+    fn a_note_without_a_closing_mark_or_with_a_title_is_merged_as_one_sentence() {
+        let notes: Vec<String> = ["Ada: the keeper", "", "Mr. Jory Vass: the inspector"]
             .iter()
             .map(|note| note.to_string())
             .chain((1..=12).map(|i| format!("Note {i} tells of one event in about ten words.")))
@@ -352,7 +333,8 @@ mod tests {
         };
         condense(&mut llm, &notes, 50).unwrap();
         assert!(
-            llm.prompts[0].contains("\n\nAda: the keeper. Tomas: her assistant. Note 1 tells"),
+            llm.prompts[0]
+                .contains("\n\nAda: the keeper. Mr. Jory Vass: the inspector. Note 1 tells"),
             "{}",
             llm.prompts[0]
         );
@@ -366,20 +348,6 @@ mod tests {
         let text = "1. Keep tools dull.\n2. Jam the locks.";
         assert_eq!(to_length(&mut llm, text, 120).unwrap().text, text);
         assert!(llm.prompts.is_empty());
-    }
-
-    #[test]
-    fn sentences_split_at_their_ends_only() {
-        assert_eq!(
-            sentences_of("It cost 3.50 in all. Then it rained!  1. A list item.\nA tail"),
-            [
-                "It cost 3.50 in all.",
-                "Then it rained!",
-                "1. A list item.",
-                "A tail"
-            ]
-        );
-        assert!(sentences_of("  ").is_empty());
     }
 
     #[test]

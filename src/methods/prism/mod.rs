@@ -29,7 +29,7 @@ use crate::llm::{Llm, Prompt};
 use crate::memory::grammar::{binds_a_limit, revision_grammar, MAX_LINES};
 use crate::memory::revise::{apply_revisions, RefusalKind, Refused};
 use crate::memory::{
-    apply, parse_revisions, render_in_place, render_revision, Amendments, JsonPath, Op, Redundancy,
+    apply, parse_revisions, render_in_place, render_revision, Amendments, JsonPath, Op,
     RejectionKind, Revision, Schema, Screen,
 };
 use crate::methods::baseline::Call;
@@ -417,13 +417,7 @@ impl<'a> Prism<'a> {
         let refused_in_a_row = Cell::new(0);
         let stopped_before = RefCell::new(None);
         let check_line = |kept: &str, line: &str| {
-            // A note in the first person is refused when the step's notes
-            // are applied, not while they are decoded: told to write on in
-            // its place, Qwen2.5-Coder-1.5B rewrote its earlier notes with
-            // words run together until the step stopped.
-            if in_first_person(&screen, &state.memory, line)
-                || !self.goes_round(&screen, &state.memory, kept, line)
-            {
+            if !self.goes_round(&screen, &state.memory, kept, line) {
                 refused_in_a_row.set(0);
                 return LineVerdict::Keep;
             }
@@ -706,19 +700,6 @@ fn people_revisions(people: &[(String, String)]) -> String {
 /// again and again, and a step that still does after this many has noted
 /// what it will.
 pub const SKIPS_BEFORE_STOP: usize = 3;
-
-/// Whether the screen refuses the revision `line` for speaking in the
-/// first person.
-fn in_first_person(screen: &Screen, memory: &Value, line: &str) -> bool {
-    let Some(Ok(revision)) = parse_revisions(line).into_iter().next() else {
-        return false;
-    };
-    screen
-        .screen(memory, &revision)
-        .dropped
-        .iter()
-        .any(|dropped| dropped.why == Redundancy::FirstPerson)
-}
 
 /// Where a refused line's own words begin: its value's first letter or
 /// digit, so a line written in its place keeps the revision's form and its
