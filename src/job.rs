@@ -31,7 +31,42 @@ pub struct Document {
     pub chunks: Vec<Chunk>,
 }
 
+/// How a job reads its document: chunks of about `chunk_tokens` tokens
+/// (a method may choose its own size from it), and only the first chunks up
+/// to `first_tokens` tokens in all when given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunking {
+    pub chunk_tokens: usize,
+    pub first_tokens: Option<usize>,
+}
+
+impl Chunking {
+    /// The chunk size `spec` reads a document of `tokens` tokens with: the
+    /// asked size, or the one the method picks for the part it reads.
+    pub fn size_for(&self, spec: &MethodSpec, tokens: usize) -> Result<usize> {
+        let read_tokens = self.first_tokens.map_or(tokens, |limit| limit.min(tokens));
+        spec.chunk_tokens(self.chunk_tokens, read_tokens)
+    }
+}
+
 impl Document {
+    /// Count `text` (read from `source`) and split it as `chunking` asks,
+    /// at the size `spec` picks from it when a method is given.
+    pub fn prepare(
+        format: &PromptFormat,
+        source: &Path,
+        text: &str,
+        chunking: Chunking,
+        spec: Option<&MethodSpec>,
+    ) -> Result<Self> {
+        let tokens = Document::count(format, source, text)?;
+        let chunk_tokens = match spec {
+            Some(spec) => chunking.size_for(spec, tokens)?,
+            None => chunking.chunk_tokens,
+        };
+        Document::split(format, text, tokens, chunk_tokens, chunking.first_tokens)
+    }
+
     /// Tokens of the whole of `text` (read from `path`) by the model's tokenizer.
     pub fn count(format: &PromptFormat, path: &Path, text: &str) -> Result<usize> {
         let ids = format.tokenizer().encode(text).map_err(|err| {
@@ -120,6 +155,21 @@ pub struct Job<'a> {
 }
 
 impl Job<'_> {
+    /// Refuse to resume in `out` when it holds no checkpoint to resume from;
+    /// cheap, so a caller can check before it loads a model.
+    pub fn check_resumable(out: &Path) -> Result<()> {
+        let has_checkpoint = [RunDir::CHECKPOINT, RunDir::PREVIOUS_CHECKPOINT]
+            .iter()
+            .any(|name| out.join(name).is_file());
+        if has_checkpoint {
+            return Ok(());
+        }
+        Err(Error::invalid(
+            out.display().to_string(),
+            "nothing to resume, there is no checkpoint; run without --resume to start",
+        ))
+    }
+
     /// The fingerprint of everything that decides the run's result on `engine`.
     pub fn fingerprint(&self, engine: &BackendIdentity) -> String {
         fingerprint(&RunIdentity {
@@ -153,5 +203,45 @@ impl Job<'_> {
         };
         self.spec
             .run(&mut *llm, &self.document.chunks, &files, progress)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::methods::detail::DetailConfig;
+
+    #[test]
+    fn a_method_picks_its_chunk_size_from_the_part_it_reads() {
+        let detail = MethodSpec::Detail {
+            config: DetailConfig {
+                query: String::new(),
+                detail: 0.5,
+                min_chunk_tokens: 500,
+                recursive: false,
+                max_summary_tokens: 100,
+            },
+        };
+        let whole = Chunking {
+            chunk_tokens: 2000,
+            first_tokens: None,
+        };
+        let first = Chunking {
+            first_tokens: Some(3000),
+            ..whole
+        };
+        // Halfway between 50 and 200 chunks of the whole document, and
+        // between 2 and 6 of the 3,000 tokens read.
+        assert_eq!(whole.size_for(&detail, 100_000).unwrap(), 800);
+        assert_eq!(first.size_for(&detail, 100_000).unwrap(), 750);
+    }
+
+    #[test]
+    fn resuming_needs_a_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Job::check_resumable(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("nothing to resume"), "{err}");
+        std::fs::write(dir.path().join(RunDir::CHECKPOINT), "{}").unwrap();
+        assert!(Job::check_resumable(dir.path()).is_ok());
     }
 }

@@ -9,16 +9,18 @@
 //! file, fetched with checksums and never committed).
 
 use super::sweep::SweepDocument;
+use super::task::{Task, Verdict};
 use crate::document::read_sources;
 use crate::error::{Error, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// A task file as `scripts/code-retrieval build` writes it.
 #[derive(Debug, Clone, Deserialize)]
 pub struct TaskFile {
     pub repositories: Vec<Repository>,
-    pub tasks: Vec<Task>,
+    pub tasks: Vec<FunctionTask>,
 }
 
 /// A package whose source is searched.
@@ -30,7 +32,7 @@ pub struct Repository {
 
 /// One function to find.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct Task {
+pub struct FunctionTask {
     /// `<repository>/<function>`.
     pub id: String,
     pub repository: String,
@@ -75,10 +77,10 @@ impl TaskFile {
     /// At most `per_repository` tasks of each repository, spread evenly over
     /// its tasks (which the file lists in reading order), so that a smaller
     /// run still asks about the start, middle and end of the source.
-    pub fn spread(&self, per_repository: Option<usize>) -> Vec<&Task> {
+    pub fn spread(&self, per_repository: Option<usize>) -> Vec<&FunctionTask> {
         let mut chosen = Vec::new();
         for repository in &self.repositories {
-            let tasks: Vec<&Task> = self
+            let tasks: Vec<&FunctionTask> = self
                 .tasks
                 .iter()
                 .filter(|task| task.repository == repository.name)
@@ -140,7 +142,7 @@ pub fn sweep_documents(
             documents.push(SweepDocument {
                 path: tree.clone(),
                 text: text.clone(),
-                task: Some((*task).clone()),
+                task: Some(Arc::new((*task).clone())),
             });
         }
     }
@@ -155,12 +157,18 @@ pub fn query(description: &str) -> String {
     )
 }
 
-/// What an answer named, and whether it was the function sought.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verdict {
-    /// The first function of the repository the answer names, if any.
-    pub retrieved: Option<String>,
-    pub correct: bool,
+impl Task for FunctionTask {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn query(&self) -> String {
+        query(&self.description)
+    }
+
+    fn score(&self, answer: &str, text: &str) -> Verdict {
+        score(answer, &self.function, &defined_functions(text))
+    }
 }
 
 /// Score `answer` against the sought `function`: the answer's first word
@@ -173,8 +181,11 @@ pub fn score(answer: &str, function: &str, defined: &[String]) -> Verdict {
     let retrieved = identifiers(answer)
         .find(|word| defined.iter().any(|name| name == word))
         .map(str::to_string);
-    let correct = retrieved.as_deref() == Some(function);
-    Verdict { retrieved, correct }
+    Verdict {
+        correct: retrieved.as_deref() == Some(function),
+        retrieved,
+        sought: function.to_string(),
+    }
 }
 
 /// The names of the functions `source` defines with `def` (Python's
@@ -251,13 +262,25 @@ mod tests {
         assert_eq!(defined_functions(source), ["fetch", "__init__"]);
     }
 
-    fn task(id: &str, repository: &str) -> Task {
-        Task {
+    fn task(id: &str, repository: &str) -> FunctionTask {
+        FunctionTask {
             id: id.into(),
             repository: repository.into(),
             function: id.into(),
             description: "Does a thing.".into(),
         }
+    }
+
+    #[test]
+    fn a_task_asks_its_description_and_scores_against_the_document_read() {
+        let task: &dyn Task = &task("parse", "a");
+        assert_eq!(task.id(), "parse");
+        assert!(task.query().contains("\"Does a thing.\""));
+        let verdict = task.score("It is `parse`.", "def parse(text):\n    pass\n");
+        assert!(verdict.correct);
+        assert_eq!(verdict.note(), "found parse (sought parse)");
+        let missed = task.score("It is `parse`.", "def other():\n    pass\n");
+        assert_eq!(missed.note(), "missed: no function named (sought parse)");
     }
 
     #[test]
@@ -279,7 +302,8 @@ mod tests {
                 .chain([task("b0", "b")])
                 .collect(),
         };
-        let ids = |tasks: Vec<&Task>| tasks.iter().map(|t| t.id.clone()).collect::<Vec<_>>();
+        let ids =
+            |tasks: Vec<&FunctionTask>| tasks.iter().map(|t| t.id.clone()).collect::<Vec<_>>();
         assert_eq!(ids(file.spread(Some(3))), ["a0", "a2", "a4", "b0"]);
         assert_eq!(ids(file.spread(Some(1))), ["a0", "b0"]);
         assert_eq!(ids(file.spread(None)).len(), 6);

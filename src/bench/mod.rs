@@ -8,3 +8,4 @@ pub mod engine;
 pub mod report;
 pub mod results;
 pub mod sweep;
+pub mod task;

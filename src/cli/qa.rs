@@ -5,12 +5,11 @@
 use super::generate::describe;
 use super::method_args::OnOff;
 use super::{BackendArgs, DocumentLimit, SamplingArgs};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, Subcommand};
 use prism::engine::sampling::SamplingConfig;
 use prism::engine::GenerateOptions;
-use prism::job::Document;
-use prism::metrics::Ledger;
+use prism::job::{Chunking, Document};
 use prism::qa;
 use std::path::PathBuf;
 
@@ -64,45 +63,34 @@ fn generate(args: GenerateQaArgs) -> Result<()> {
     let sampling = args.sampling.config(SamplingConfig::default())?;
     let text = args.document_limit.read(&args.document)?;
     let mut backend = args.backend.load()?;
-    let format = backend.format();
-    let tokens = Document::count(format, &args.document, &text)?;
-    let document = Document::split(format, &text, tokens, args.chunk_tokens, args.first_tokens)?;
+    let chunking = Chunking {
+        chunk_tokens: args.chunk_tokens,
+        first_tokens: args.first_tokens,
+    };
+    let document = Document::prepare(backend.format(), &args.document, &text, chunking, None)?;
     let options = GenerateOptions {
         sampling,
         ..GenerateOptions::default()
     };
     let mut llm = backend.llm(options);
     let chunks = document.chunks.len();
-    let mut ledger = Ledger::default();
-    let mut pairs = Vec::new();
-    for (chunk, count) in document.chunks.iter().zip(qa::spread(args.n, chunks)) {
-        if count == 0 {
-            continue;
-        }
-        let generated = qa::generate_pairs(
-            &mut *llm,
-            &chunk.text,
-            Some(chunk.index),
-            count,
-            args.constrained == OnOff::On,
-        )
-        .with_context(|| format!("chunk {}/{chunks}", chunk.index + 1))?;
-        ledger.record(&generated.usage);
-        note!(
-            "chunk {}/{chunks}: {} of {count} pairs",
-            chunk.index + 1,
-            generated.pairs.len()
-        );
-        pairs.extend(generated.pairs);
-    }
-    qa::write_pairs(&args.out, &pairs)?;
+    let written = qa::generate_document_pairs(
+        &mut *llm,
+        &document.chunks,
+        args.n,
+        args.constrained == OnOff::On,
+        &mut |chunk, got, asked| {
+            note!("chunk {}/{chunks}: {got} of {asked} pairs", chunk.index + 1)
+        },
+    )?;
+    qa::write_pairs(&args.out, &written.pairs)?;
     note!(
         "{}: {} pairs from {chunks} chunk{}; {} calls, {}",
         args.out.display(),
-        pairs.len(),
+        written.pairs.len(),
         if chunks == 1 { "" } else { "s" },
-        ledger.calls,
-        describe(&ledger.figures()),
+        written.ledger.calls,
+        describe(&written.ledger.figures()),
     );
     Ok(())
 }

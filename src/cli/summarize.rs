@@ -11,9 +11,8 @@ use anyhow::Result;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args};
 use prism::engine::sampling::SamplingConfig;
-use prism::job::{Document, Job};
+use prism::job::{Chunking, Document, Job};
 use prism::methods::MethodSpec;
-use prism::run::dir::RunDir;
 use prism::run::Outcome;
 use std::path::{Path, PathBuf};
 
@@ -112,26 +111,14 @@ pub fn run_query(args: QueryArgs, matches: &ArgMatches) -> Result<()> {
 fn run_job(args: &RunArgs, spec: MethodSpec, source: &Path, text: &str) -> Result<()> {
     let sampling = args.sampling.config(SamplingConfig::for_summaries())?;
     if args.resume {
-        let has_checkpoint = [RunDir::CHECKPOINT, RunDir::PREVIOUS_CHECKPOINT]
-            .iter()
-            .any(|name| args.out.join(name).is_file());
-        anyhow::ensure!(
-            has_checkpoint,
-            "{}: nothing to resume, there is no checkpoint; run without --resume to start",
-            args.out.display()
-        );
+        Job::check_resumable(&args.out)?;
     }
     let mut backend = args.backend.load()?;
-    let tokens = Document::count(backend.format(), source, text)?;
-    let read_tokens = args.first_tokens.map_or(tokens, |limit| limit.min(tokens));
-    let chunk_tokens = spec.chunk_tokens(args.chunk_tokens, read_tokens)?;
-    let document = Document::split(
-        backend.format(),
-        text,
-        tokens,
-        chunk_tokens,
-        args.first_tokens,
-    )?;
+    let chunking = Chunking {
+        chunk_tokens: args.chunk_tokens,
+        first_tokens: args.first_tokens,
+    };
+    let document = Document::prepare(backend.format(), source, text, chunking, Some(&spec))?;
     note!(
         "{}: {} tokens; reading {} chunk{} of up to {} tokens",
         source.display(),

@@ -11,6 +11,7 @@
 
 pub mod f1;
 
+use crate::chunk::Chunk;
 use crate::engine::constraint::Grammar;
 use crate::engine::Usage;
 use crate::error::{Error, Result};
@@ -141,6 +142,42 @@ pub fn generate_pairs(
         output: completion.text,
         usage: completion.usage,
     })
+}
+
+/// The pairs written about a whole document, and what their calls cost.
+#[derive(Debug, Clone, Default)]
+pub struct DocumentPairs {
+    pub pairs: Vec<QaPair>,
+    pub ledger: Ledger,
+}
+
+/// Ask for `total` pairs about the document in `chunks`, spread over them as
+/// [`spread`] says; `on_chunk` hears of each chunk asked, with the pairs it
+/// gave and those asked of it.
+pub fn generate_document_pairs(
+    llm: &mut dyn Llm,
+    chunks: &[Chunk],
+    total: usize,
+    constrained: bool,
+    on_chunk: &mut dyn FnMut(&Chunk, usize, usize),
+) -> Result<DocumentPairs> {
+    let mut written = DocumentPairs::default();
+    for (chunk, count) in chunks.iter().zip(spread(total, chunks.len())) {
+        if count == 0 {
+            continue;
+        }
+        let generated = generate_pairs(llm, &chunk.text, Some(chunk.index), count, constrained)
+            .map_err(|err| {
+                Error::invalid(
+                    format!("chunk {}/{}", chunk.index + 1, chunks.len()),
+                    err.to_string(),
+                )
+            })?;
+        written.ledger.record(&generated.usage);
+        on_chunk(chunk, generated.pairs.len(), count);
+        written.pairs.extend(generated.pairs);
+    }
+    Ok(written)
 }
 
 /// The question–answer pairs in model output: a JSON list of objects (or
