@@ -4,6 +4,7 @@
 
 pub mod remote;
 mod side_by_side;
+pub mod wire;
 
 use crate::engine::constraint::Grammar;
 use crate::engine::prompt_format::PromptFormat;

@@ -6,16 +6,18 @@
 //! that take only chats get `/v1/chat/completions`.
 //! Accounting comes from the server's `usage`.
 
+use super::wire::{
+    ApiUsage, ChatRequest, CompletionRequest, Content, ErrorBody, GenerationFields,
+    JsonSchemaFormat, PromptField, Reply, RequestMessage, ResponseFormat, Stop, StreamOptions,
+};
 use super::{Completion, Llm, Prompt};
 use crate::engine::chat::ChatMessage;
 use crate::engine::constraint::Grammar;
 use crate::engine::kv_cache::common_prefix;
 use crate::engine::prompt_format::PromptFormat;
+use crate::engine::sampling::SamplingConfig;
 use crate::engine::{first_refused_line, GenerateOptions, LineCheck, LineVerdict, Usage};
 use crate::error::{Error, Result};
-use crate::metrics::Figures;
-use serde::Deserialize;
-use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -152,15 +154,43 @@ impl RemoteModel {
         let mut messages = Vec::new();
         messages.extend(prompt.system.as_deref().map(ChatMessage::system));
         messages.push(ChatMessage::user(prompt.segments.concat()));
-        let (path, mut body) = match self.options.api {
-            RemoteApi::Ids => ("completions", json!({"prompt": ids})),
-            RemoteApi::Text => {
-                let text = self.format.render_chat(&messages)?;
-                ("completions", json!({"prompt": text}))
-            }
-            RemoteApi::Chat => ("chat/completions", json!({"messages": messages})),
+        let mut fields = generation_fields(self.remote_model(), options);
+        if refuse_line.is_some() {
+            fields.stream = true;
+            fields.stream_options = Some(StreamOptions {
+                include_usage: true,
+                continuous_usage_stats: true,
+            });
+        }
+        let (path, body) = match self.options.api {
+            RemoteApi::Ids => (
+                "completions",
+                Body::Completion(CompletionRequest {
+                    prompt: PromptField::Ids(ids.clone()),
+                    fields,
+                }),
+            ),
+            RemoteApi::Text => (
+                "completions",
+                Body::Completion(CompletionRequest {
+                    prompt: PromptField::Text(self.format.render_chat(&messages)?),
+                    fields,
+                }),
+            ),
+            RemoteApi::Chat => (
+                "chat/completions",
+                Body::Chat(ChatRequest {
+                    messages: messages
+                        .into_iter()
+                        .map(|message| RequestMessage {
+                            role: message.role,
+                            content: Content::Text(message.content),
+                        })
+                        .collect(),
+                    fields,
+                }),
+            ),
         };
-        add_generation_fields(&mut body, self.remote_model(), options)?;
         let start = Instant::now();
         let (text, reported) = match refuse_line {
             None => {
@@ -170,16 +200,14 @@ impl RemoteModel {
                     .map_err(|e| self.error(format!("unreadable reply: {e}")))?;
                 let text = reply
                     .text()
-                    .ok_or_else(|| self.error("the reply has no choices"))?;
+                    .ok_or_else(|| self.error("the reply has no choices"))?
+                    .to_string();
                 let usage = reply.usage.ok_or_else(|| {
                     self.error("the reply has no usage; prism cannot account for the call")
                 })?;
                 (text, Some(usage))
             }
             Some(refuse_line) => {
-                body["stream"] = json!(true);
-                body["stream_options"] =
-                    json!({"include_usage": true, "continuous_usage_stats": true});
                 let response = self.send(path, &body)?;
                 self.read_stream(response, refuse_line)?
             }
@@ -198,7 +226,7 @@ impl RemoteModel {
         &self,
         response: ureq::Response,
         refuse_line: &LineCheck,
-    ) -> Result<(String, Option<ReportedUsage>)> {
+    ) -> Result<(String, Option<ApiUsage>)> {
         let mut text = String::new();
         let mut checked = 0;
         let mut usage = None;
@@ -210,16 +238,15 @@ impl RemoteModel {
             if data == "[DONE]" {
                 break;
             }
-            let chunk: StreamChunk = serde_json::from_str(data)
+            let chunk: Reply = serde_json::from_str(data)
                 .map_err(|e| self.error(format!("unreadable stream chunk: {e}")))?;
             if let Some(error) = chunk.error {
-                let message = error["message"].as_str().map(str::to_string);
-                return Err(self.error(message.unwrap_or_else(|| error.to_string())));
+                return Err(self.error(error.message));
             }
-            usage = chunk.usage.or(usage);
-            if let Some(piece) = chunk.choices.first().and_then(StreamChoice::piece) {
+            if let Some(piece) = chunk.text() {
                 text.push_str(piece);
             }
+            usage = chunk.usage.or(usage);
             match first_refused_line(&text, &mut checked, refuse_line) {
                 None | Some((_, LineVerdict::Keep)) => {}
                 Some((start, LineVerdict::Skip { .. })) => {
@@ -242,7 +269,7 @@ impl RemoteModel {
     /// time, and reuse estimated when the server does not report it.
     fn usage(
         &mut self,
-        reported: Option<ReportedUsage>,
+        reported: Option<ApiUsage>,
         ids: &[u32],
         text: &str,
         seconds: f64,
@@ -251,9 +278,10 @@ impl RemoteModel {
         let shared = common_prefix(&self.last_sequence, ids);
         // A stream cut short before the server said what it cost: count
         // what was sent and received, and estimate the reuse.
-        let reported = reported.unwrap_or(ReportedUsage {
+        let reported = reported.unwrap_or(ApiUsage {
             prompt_tokens: ids.len(),
             completion_tokens: output.len(),
+            total_tokens: ids.len() + output.len(),
             prompt_tokens_details: None,
             prism: None,
         });
@@ -280,7 +308,7 @@ impl RemoteModel {
 
     /// POST `body` to `path`, retrying 429s, 5xx replies and broken
     /// connections with growing waits; the successful response, unread.
-    fn send(&self, path: &str, body: &Value) -> Result<ureq::Response> {
+    fn send(&self, path: &str, body: &Body) -> Result<ureq::Response> {
         let url = format!("{}/{path}", self.options.base_url.trim_end_matches('/'));
         let mut wait = Duration::from_millis(500);
         let mut tries = 0;
@@ -292,10 +320,10 @@ impl RemoteModel {
             let retry = match request.send_json(body) {
                 Ok(response) => return Ok(response),
                 Err(ureq::Error::Status(code, response)) => {
-                    let detail = response.into_string().unwrap_or_default();
-                    let message = format!("HTTP {code}: {}", error_message(&detail));
-                    if code != 429 && code < 500 {
-                        return Err(self.error(message));
+                    let detail = error_message(&response.into_string().unwrap_or_default());
+                    let message = format!("HTTP {code}: {detail}");
+                    if !is_transient(code, &detail) {
+                        return Err(self.error(self.explained(message)));
                     }
                     message
                 }
@@ -311,6 +339,16 @@ impl RemoteModel {
         }
     }
 
+    /// `message` with what a refused prompt of token ids usually means.
+    fn explained(&self, message: String) -> String {
+        if self.options.api == RemoteApi::Ids && message.contains("validation error") {
+            return format!(
+                "{message}; this server may not take token ids as a prompt: send it as text instead (remote prompt `text`)"
+            );
+        }
+        message
+    }
+
     fn error(&self, reason: impl Into<String>) -> Error {
         Error::Remote {
             url: self.options.base_url.clone(),
@@ -319,158 +357,73 @@ impl RemoteModel {
     }
 }
 
+/// Whether a refused request may pass when sent again: a 429 or a server
+/// error, unless the server says the request itself is invalid (llama-cpp-
+/// python answers a body it cannot read with a 500 listing "validation
+/// errors"), which no retry changes.
+fn is_transient(code: u16, detail: &str) -> bool {
+    (code == 429 || code >= 500) && !detail.contains("validation error")
+}
+
 /// The error message of an OpenAI-style error body, or the body itself.
 fn error_message(body: &str) -> String {
-    serde_json::from_str::<Value>(body)
-        .ok()
-        .and_then(|value| value["error"]["message"].as_str().map(str::to_string))
-        .unwrap_or_else(|| body.chars().take(300).collect())
+    serde_json::from_str::<ErrorBody>(body).map_or_else(
+        |_| body.chars().take(300).collect(),
+        |error| error.error.message,
+    )
+}
+
+/// A request body of either endpoint.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum Body {
+    Completion(CompletionRequest),
+    Chat(ChatRequest),
 }
 
 /// The request fields every engine shares: model, length, stop strings and
-/// sampling (prism's repetition controls only when on, as prism writes them),
-/// and the constraint in the field each engine family reads: `response_format`
-/// for JSON schemas, vLLM's `guided_grammar` and `guided_regex` otherwise
-/// (prism serve reads those too).
-fn add_generation_fields(body: &mut Value, model: &str, options: &GenerateOptions) -> Result<()> {
-    let sampling = serde_json::to_value(&options.sampling)
-        .map_err(|e| Error::invalid("sampling settings", e.to_string()))?;
-    let Some(fields) = body.as_object_mut() else {
-        return Ok(());
+/// sampling (prism's repetition controls only when on), and the constraint
+/// in the field each engine family reads: `response_format` for JSON
+/// schemas, vLLM's `guided_grammar` and `guided_regex` otherwise (prism
+/// serve reads those too).
+fn generation_fields(model: &str, options: &GenerateOptions) -> GenerationFields {
+    let sampling = &options.sampling;
+    let base = SamplingConfig::default();
+    let mut fields = GenerationFields {
+        model: Some(model.to_string()),
+        max_tokens: Some(options.max_tokens),
+        stop: (!options.stop.is_empty()).then(|| Stop::Many(options.stop.clone())),
+        temperature: Some(sampling.temperature),
+        top_k: sampling.top_k,
+        top_p: sampling.top_p,
+        seed: Some(sampling.seed),
+        repeat_penalty: Some(sampling.repeat_penalty),
+        repeat_last_n: Some(sampling.repeat_last_n),
+        dry_multiplier: (sampling.dry_multiplier != 0.0).then_some(sampling.dry_multiplier),
+        dry_base: (sampling.dry_base != base.dry_base).then_some(sampling.dry_base),
+        dry_allowed_length: (sampling.dry_allowed_length != base.dry_allowed_length)
+            .then_some(sampling.dry_allowed_length),
+        dry_penalty_last_n: (sampling.dry_penalty_last_n != 0)
+            .then_some(sampling.dry_penalty_last_n),
+        dry_prompt: sampling.dry_prompt.then_some(true),
+        no_repeat_ngram: (sampling.no_repeat_ngram != 0).then_some(sampling.no_repeat_ngram),
+        loop_guard: sampling.loop_guard.then_some(true),
+        ..GenerationFields::default()
     };
-    if let Value::Object(sampling) = sampling {
-        fields.extend(sampling.into_iter().filter(|(_, value)| !value.is_null()));
-    }
-    fields.insert("model".into(), json!(model));
-    fields.insert("max_tokens".into(), json!(options.max_tokens));
-    fields.insert("stream".into(), json!(false));
-    if !options.stop.is_empty() {
-        fields.insert("stop".into(), json!(options.stop));
-    }
     match &options.grammar {
         None => {}
         Some(Grammar::JsonSchema(schema)) => {
-            let format =
-                json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}});
-            fields.insert("response_format".into(), format);
+            fields.response_format = Some(ResponseFormat::JsonSchema {
+                json_schema: JsonSchemaFormat {
+                    name: Some("output".to_string()),
+                    schema: schema.clone(),
+                },
+            });
         }
-        Some(Grammar::Lark(lark)) => {
-            fields.insert("guided_grammar".into(), json!(lark));
-        }
-        Some(Grammar::Regex(regex)) => {
-            fields.insert("guided_regex".into(), json!(regex));
-        }
+        Some(Grammar::Lark(lark)) => fields.lark = Some(lark.clone()),
+        Some(Grammar::Regex(regex)) => fields.regex = Some(regex.clone()),
     }
-    Ok(())
-}
-
-#[derive(Deserialize)]
-struct Reply {
-    choices: Vec<Choice>,
-    usage: Option<ReportedUsage>,
-}
-
-impl Reply {
-    fn text(&self) -> Option<String> {
-        let choice = self.choices.first()?;
-        choice
-            .text
-            .clone()
-            .or_else(|| choice.message.as_ref().map(|m| m.content.clone()))
-    }
-}
-
-/// One server-sent event of a streamed reply, or an error the server sent instead.
-#[derive(Deserialize)]
-struct StreamChunk {
-    #[serde(default)]
-    choices: Vec<StreamChoice>,
-    usage: Option<ReportedUsage>,
-    error: Option<Value>,
-}
-
-#[derive(Deserialize)]
-struct StreamChoice {
-    /// `/v1/completions` streams `text`.
-    text: Option<String>,
-    /// `/v1/chat/completions` streams `delta.content`.
-    delta: Option<StreamDelta>,
-}
-
-impl StreamChoice {
-    fn piece(&self) -> Option<&str> {
-        self.text
-            .as_deref()
-            .or_else(|| self.delta.as_ref()?.content.as_deref())
-    }
-}
-
-#[derive(Deserialize)]
-struct StreamDelta {
-    content: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Choice {
-    text: Option<String>,
-    message: Option<ReplyMessage>,
-}
-
-#[derive(Deserialize)]
-struct ReplyMessage {
-    #[serde(default)]
-    content: String,
-}
-
-#[derive(Deserialize)]
-struct ReportedUsage {
-    prompt_tokens: usize,
-    completion_tokens: usize,
-    prompt_tokens_details: Option<ReportedDetails>,
-    prism: Option<PrismUsage>,
-}
-
-#[derive(Deserialize)]
-struct ReportedDetails {
-    cached_tokens: Option<usize>,
-}
-
-/// What `prism serve` adds to `usage`: its figures and the times behind them.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
-pub struct PrismUsage {
-    #[serde(flatten)]
-    pub figures: Figures,
-    pub prefill_seconds: f64,
-    pub decode_steps: usize,
-    pub decode_seconds: f64,
-    pub mask_seconds: f64,
-}
-
-impl PrismUsage {
-    pub fn of(usage: &Usage) -> Self {
-        PrismUsage {
-            figures: Figures::of(usage),
-            prefill_seconds: usage.prefill_seconds,
-            decode_steps: usage.decode_steps,
-            decode_seconds: usage.decode_seconds,
-            mask_seconds: usage.mask_seconds,
-        }
-    }
-
-    /// The engine's usage, exactly as the server counted it.
-    pub fn usage(&self) -> Usage {
-        Usage {
-            prompt_tokens: self.figures.prompt_tokens,
-            reused_tokens: self.figures.reused_tokens,
-            restored_tokens: self.figures.restored_tokens,
-            output_tokens: self.figures.output_tokens,
-            prefill_seconds: self.prefill_seconds,
-            decode_steps: self.decode_steps,
-            accepted_drafts: self.figures.accepted_drafts,
-            decode_seconds: self.decode_seconds,
-            mask_seconds: self.mask_seconds,
-        }
-    }
+    fields
 }
 
 /// A [`RemoteModel`] with fixed generation settings, as an [`Llm`].
@@ -534,5 +487,22 @@ impl Llm for RemoteLlm<'_> {
 
     fn cache_figures(&self) -> CacheFigures {
         self.model.cache_figures
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_invalid_request_is_not_sent_again() {
+        assert!(is_transient(429, "slow down"));
+        assert!(is_transient(503, "loading the model"));
+        assert!(!is_transient(400, "bad request"));
+        assert!(!is_transient(
+            500,
+            "1773 validation errors for CreateCompletionRequest"
+        ));
+        assert!(!is_transient(500, "1 validation error: prompt"));
     }
 }

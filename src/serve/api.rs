@@ -1,14 +1,17 @@
-//! The OpenAI wire format: the requests `prism serve` accepts, turned into
-//! engine settings, and the responses and stream chunks it writes.
+//! What `prism serve` makes of the wire format ([`crate::llm::wire`]):
+//! requests checked and turned into engine settings, and errors as
+//! OpenAI clients expect them.
 
 use crate::engine::chat::ChatMessage;
 use crate::engine::constraint::Grammar;
 use crate::engine::sampling::SamplingConfig;
-use crate::engine::{GenerateOptions, StopReason, Usage};
-use crate::llm::remote::PrismUsage;
+use crate::engine::{GenerateOptions, StopReason};
+use crate::llm::wire::{
+    ChatRequest, CompletionRequest, Content, ErrorBody, ErrorDetail, GenerationFields, PromptField,
+    ResponseFormat, Stop,
+};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// An error as OpenAI clients expect it: a status and an `error` object.
@@ -45,13 +48,15 @@ impl ApiError {
     }
 
     /// The `error` object, as a response body or a stream event.
-    pub fn body(&self) -> Value {
-        serde_json::json!({"error": {
-            "message": self.message,
-            "type": self.kind,
-            "param": null,
-            "code": null,
-        }})
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorDetail {
+                message: self.message.clone(),
+                kind: self.kind.to_string(),
+                param: None,
+                code: None,
+            },
+        }
     }
 }
 
@@ -70,81 +75,6 @@ impl From<crate::Error> for ApiError {
             other => ApiError::server(other.to_string()),
         }
     }
-}
-
-/// `stop`: one string or several.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum Stop {
-    One(String),
-    Many(Vec<String>),
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct StreamOptions {
-    #[serde(default)]
-    pub include_usage: bool,
-    /// vLLM's extension: the usage so far in every chunk, so a client that
-    /// stops reading early still knows what its tokens cost.
-    #[serde(default)]
-    pub continuous_usage_stats: bool,
-}
-
-/// `response_format`: free text, any JSON object, or JSON valid against a schema.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum ResponseFormat {
-    Text,
-    JsonObject,
-    JsonSchema { json_schema: JsonSchemaFormat },
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct JsonSchemaFormat {
-    pub schema: Value,
-}
-
-/// The fields the chat and text endpoints share: length, stopping, sampling
-/// (OpenAI's and prism's repetition controls) and constraints.
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct GenerationFields {
-    #[serde(default)]
-    pub model: Option<String>,
-    pub max_tokens: Option<usize>,
-    pub max_completion_tokens: Option<usize>,
-    pub stop: Option<Stop>,
-    #[serde(default)]
-    pub stream: bool,
-    pub stream_options: Option<StreamOptions>,
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
-    pub top_k: Option<usize>,
-    pub seed: Option<u64>,
-    pub repeat_penalty: Option<f32>,
-    pub repeat_last_n: Option<usize>,
-    pub dry_multiplier: Option<f32>,
-    pub dry_base: Option<f32>,
-    pub dry_allowed_length: Option<usize>,
-    pub dry_penalty_last_n: Option<usize>,
-    pub dry_prompt: Option<bool>,
-    pub no_repeat_ngram: Option<usize>,
-    pub loop_guard: Option<bool>,
-    pub response_format: Option<ResponseFormat>,
-    /// A grammar in llguidance's Lark dialect; vLLM calls the field `guided_grammar`.
-    #[serde(alias = "guided_grammar")]
-    pub lark: Option<String>,
-    #[serde(alias = "guided_regex")]
-    pub regex: Option<String>,
-    pub guided_json: Option<Value>,
-    // Fields of the OpenAI API this server does not implement: refused when
-    // they ask for something, rather than silently ignored.
-    pub n: Option<usize>,
-    pub presence_penalty: Option<f64>,
-    pub frequency_penalty: Option<f64>,
-    pub logprobs: Option<Value>,
-    pub tools: Option<Value>,
-    pub suffix: Option<String>,
-    pub echo: Option<bool>,
 }
 
 /// What a request asks the engine for, checked.
@@ -288,34 +218,9 @@ impl GenerationFields {
     }
 }
 
-/// A chat message's content: a string, or parts of which only text is understood.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum Content {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct ContentPart {
-    #[serde(rename = "type")]
-    pub kind: String,
-    #[serde(default)]
-    pub text: Option<String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct RequestMessage {
-    pub role: String,
-    pub content: Content,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct ChatRequest {
-    pub messages: Vec<RequestMessage>,
-    #[serde(flatten)]
-    pub fields: GenerationFields,
-}
+/// The roles a chat template knows; tools are not served, so neither is
+/// their role.
+const CHAT_ROLES: [&str; 3] = ["system", "user", "assistant"];
 
 impl ChatRequest {
     pub fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
@@ -324,7 +229,15 @@ impl ChatRequest {
         }
         self.messages
             .iter()
-            .map(|message| {
+            .enumerate()
+            .map(|(index, message)| {
+                if !CHAT_ROLES.contains(&message.role.as_str()) {
+                    return Err(ApiError::invalid(format!(
+                        "messages[{index}].role `{}` is not one of {}",
+                        message.role,
+                        CHAT_ROLES.join(", ")
+                    )));
+                }
                 let content = match &message.content {
                     Content::Text(text) => text.clone(),
                     Content::Parts(parts) => parts
@@ -344,23 +257,6 @@ impl ChatRequest {
             })
             .collect()
     }
-}
-
-/// `prompt` of a text completion: text, or token ids (one prompt only).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum PromptField {
-    Text(String),
-    Ids(Vec<u32>),
-    Texts(Vec<String>),
-    IdLists(Vec<Vec<u32>>),
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct CompletionRequest {
-    pub prompt: PromptField,
-    #[serde(flatten)]
-    pub fields: GenerationFields,
 }
 
 /// What the engine is asked to continue.
@@ -402,36 +298,5 @@ pub fn finish_reason(reason: StopReason) -> &'static str {
         | StopReason::Repetition
         | StopReason::LineRefused
         | StopReason::Cancelled => "stop",
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PromptTokensDetails {
-    pub cached_tokens: usize,
-}
-
-/// `usage` as OpenAI writes it, plus prism's own figures under `prism`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ApiUsage {
-    pub prompt_tokens: usize,
-    pub completion_tokens: usize,
-    pub total_tokens: usize,
-    pub prompt_tokens_details: PromptTokensDetails,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prism: Option<PrismUsage>,
-}
-
-impl ApiUsage {
-    /// Cached tokens are those not computed again: reused from memory or restored from disk.
-    pub fn of(usage: &Usage) -> Self {
-        ApiUsage {
-            prompt_tokens: usage.prompt_tokens,
-            completion_tokens: usage.output_tokens,
-            total_tokens: usage.prompt_tokens + usage.output_tokens,
-            prompt_tokens_details: PromptTokensDetails {
-                cached_tokens: usage.reused_tokens + usage.restored_tokens,
-            },
-            prism: Some(PrismUsage::of(usage)),
-        }
     }
 }

@@ -11,7 +11,11 @@ mod worker;
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use api::{ApiError, ApiUsage, ChatRequest, CompletionRequest, GenerationFields, PromptInput};
+use crate::llm::wire::{
+    ApiUsage, ChatRequest, Choice, CompletionRequest, GenerationFields, ModelCard, ModelList,
+    Reply, ReplyMessage,
+};
+use api::{ApiError, PromptInput};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
@@ -178,16 +182,16 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     if let Err(error) = app.authorize(&headers) {
         return error.into_response();
     }
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": app.model,
-            "object": "model",
-            "created": 0,
-            "owned_by": "prism",
-            "context_length": app.context_tokens,
+    Json(ModelList {
+        object: "list".to_string(),
+        data: vec![ModelCard {
+            id: app.model.clone(),
+            object: "model".to_string(),
+            created: 0,
+            owned_by: "prism".to_string(),
+            context_length: Some(app.context_tokens),
         }],
-    }))
+    })
     .into_response()
 }
 
@@ -284,7 +288,7 @@ impl App {
         if self.queue.send(job).is_err() {
             return ApiError::server("the engine thread has stopped").into_response();
         }
-        let reply = Reply {
+        let reply = Responder {
             kind,
             id: self.next_id(kind),
             created: unix_seconds(),
@@ -336,50 +340,67 @@ fn unix_seconds() -> u64 {
 }
 
 /// The parts every response object of one request shares.
-struct Reply {
+struct Responder {
     kind: Kind,
     id: String,
     created: u64,
     model: String,
 }
 
-impl Reply {
-    fn envelope(&self, object: &str, choices: Value) -> Value {
-        json!({
-            "id": self.id,
-            "object": object,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        })
+impl Responder {
+    fn envelope(&self, object: &str, choices: Vec<Choice>) -> Reply {
+        Reply {
+            id: self.id.clone(),
+            object: object.to_string(),
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            ..Reply::default()
+        }
     }
 
-    fn whole(&self, finished: &Finished) -> Value {
-        let finish_reason = api::finish_reason(finished.stop_reason);
+    fn whole(&self, finished: &Finished) -> Reply {
+        let finish_reason = Some(api::finish_reason(finished.stop_reason).to_string());
         let (object, choice) = match self.kind {
             Kind::Chat => (
                 "chat.completion",
-                json!({"index": 0, "message": {"role": "assistant", "content": finished.text}, "finish_reason": finish_reason}),
+                Choice {
+                    message: Some(assistant(&finished.text)),
+                    finish_reason,
+                    ..Choice::default()
+                },
             ),
             Kind::Text => (
                 "text_completion",
-                json!({"index": 0, "text": finished.text, "finish_reason": finish_reason}),
+                Choice {
+                    text: Some(finished.text.clone()),
+                    finish_reason,
+                    ..Choice::default()
+                },
             ),
         };
-        let mut body = self.envelope(object, json!([choice]));
-        body["usage"] = json!(ApiUsage::of(&finished.usage));
-        body
+        Reply {
+            usage: Some(ApiUsage::of(&finished.usage)),
+            ..self.envelope(object, vec![choice])
+        }
     }
 
     /// One stream chunk carrying `text` and, on the last, why generation ended.
-    fn chunk(&self, text: &str, finish_reason: Option<&str>) -> Value {
+    fn chunk(&self, text: &str, finish_reason: Option<&str>) -> Reply {
+        let finish_reason = finish_reason.map(str::to_string);
         let choice = match self.kind {
-            Kind::Chat => {
-                json!({"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": finish_reason})
-            }
-            Kind::Text => json!({"index": 0, "text": text, "finish_reason": finish_reason}),
+            Kind::Chat => Choice {
+                delta: Some(assistant(text)),
+                finish_reason,
+                ..Choice::default()
+            },
+            Kind::Text => Choice {
+                text: Some(text.to_string()),
+                finish_reason,
+                ..Choice::default()
+            },
         };
-        self.envelope(self.chunk_object(), json!([choice]))
+        self.envelope(self.chunk_object(), vec![choice])
     }
 
     /// Server-sent events: a chunk per piece of text (with the usage so far
@@ -392,7 +413,10 @@ impl Reply {
         include_usage: bool,
         continuous_usage: bool,
     ) -> Sse<impl futures_util::Stream<Item = std::result::Result<SseEvent, Infallible>>> {
-        let data = |value: Value| SseEvent::default().data(value.to_string());
+        fn data(value: &impl serde::Serialize) -> SseEvent {
+            let json = serde_json::to_string(value).expect("wire types serialize to JSON");
+            SseEvent::default().data(json)
+        }
         let received = stream::unfold(received, |mut received| async move {
             received.recv().await.map(|event| (event, received))
         });
@@ -401,23 +425,25 @@ impl Reply {
                 Event::Text(text, usage) => {
                     let mut chunk = self.chunk(&text, None);
                     if continuous_usage {
-                        chunk["usage"] = json!(ApiUsage::of(&usage));
+                        chunk.usage = Some(ApiUsage::of(&usage));
                     }
-                    vec![data(chunk)]
+                    vec![data(&chunk)]
                 }
                 Event::Done(Ok(finished)) => {
                     let reason = api::finish_reason(finished.stop_reason);
-                    let mut events = vec![data(self.chunk("", Some(reason)))];
+                    let mut events = vec![data(&self.chunk("", Some(reason)))];
                     if include_usage {
-                        let mut last = self.envelope(self.chunk_object(), json!([]));
-                        last["usage"] = json!(ApiUsage::of(&finished.usage));
-                        events.push(data(last));
+                        let last = Reply {
+                            usage: Some(ApiUsage::of(&finished.usage)),
+                            ..self.envelope(self.chunk_object(), Vec::new())
+                        };
+                        events.push(data(&last));
                     }
                     events.push(SseEvent::default().data("[DONE]"));
                     events
                 }
                 Event::Done(Err(error)) => {
-                    vec![data(error.body()), SseEvent::default().data("[DONE]")]
+                    vec![data(&error.body()), SseEvent::default().data("[DONE]")]
                 }
             };
             stream::iter(events.into_iter().map(Ok))
@@ -430,6 +456,14 @@ impl Reply {
             Kind::Chat => "chat.completion.chunk",
             Kind::Text => "text_completion",
         }
+    }
+}
+
+/// The assistant's turn, or a piece of it, as a chat reply carries it.
+fn assistant(text: &str) -> ReplyMessage {
+    ReplyMessage {
+        role: Some("assistant".to_string()),
+        content: Some(text.to_string()),
     }
 }
 

@@ -1,6 +1,7 @@
-use super::api::{ApiError, ChatRequest, CompletionRequest, PromptInput};
+use super::api::{ApiError, PromptInput};
 use super::worker::TextStream;
 use crate::engine::constraint::Grammar;
+use crate::llm::wire::{ChatRequest, CompletionRequest};
 
 fn chat(body: serde_json::Value) -> ChatRequest {
     serde_json::from_value(body).unwrap()
@@ -119,4 +120,17 @@ fn a_text_completion_takes_text_or_token_ids_one_prompt_at_a_time() {
         PromptInput::Ids(vec![3])
     );
     assert!(prompt(serde_json::json!(["a", "b"])).is_err());
+}
+
+#[test]
+fn a_role_no_template_knows_is_refused() {
+    let request = chat(serde_json::json!({
+        "messages": [{"role": "user", "content": "Hi"}, {"role": "wizard", "content": "Zap"}],
+    }));
+    let error = request.messages().unwrap_err();
+    assert_eq!(error.status, axum::http::StatusCode::BAD_REQUEST);
+    assert_eq!(
+        error.message,
+        "messages[1].role `wizard` is not one of system, user, assistant"
+    );
 }
