@@ -36,13 +36,15 @@ mod models;
 mod perplexity;
 mod progress;
 mod qa;
+mod sampling_args;
 mod schema;
 mod score;
 mod serve;
 mod shared_args;
 mod summarize;
 
-pub use shared_args::{BackendArgs, DocumentLimit, EngineArgs, SamplingArgs};
+pub use sampling_args::SamplingArgs;
+pub use shared_args::{BackendArgs, DocumentLimit, EngineArgs};
 
 use anyhow::Result;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};

@@ -20,7 +20,8 @@
 
 use super::device;
 use super::kv_cache::KvCache;
-use super::model::{self, Config, Pass, Rows, Transformer, PREFILL_BATCH};
+use super::model::{Config, Pass, Rows, Transformer, PREFILL_BATCH};
+use super::pool;
 use crate::error::{CandleContext, Error, Result};
 use candle_core::Tensor;
 use std::collections::VecDeque;
@@ -329,7 +330,7 @@ const SHARED_MODEL_PARAMETERS: usize = 256_000_000;
 
 /// Decode passes shared out by thread: each thread runs the steps of its
 /// own sequences through the whole model, its pool helpers
-/// ([`model::alone_on_this_thread`]) doing all their work on it. The batch
+/// ([`pool::alone_on_this_thread`]) doing all their work on it. The batch
 /// worker runs the first share and a helper thread each other one; every
 /// sequence's rows are the bits it gets in a pass of its own.
 struct Shares {
@@ -382,9 +383,9 @@ impl Shares {
                 },
                 None => share,
             };
-            model::alone_on_this_thread(|| run_pass(model, None, unsent));
+            pool::alone_on_this_thread(|| run_pass(model, None, unsent));
         }
-        model::alone_on_this_thread(|| run_pass(model, None, own));
+        pool::alone_on_this_thread(|| run_pass(model, None, own));
         for helper in &self.helpers[..sent] {
             // A helper that stopped mid-share dropped its steps' replies,
             // and their engines see the worker gone.
@@ -417,7 +418,7 @@ impl Helper {
             .name("prism-share".into())
             .spawn(move || {
                 for share in shares {
-                    model::alone_on_this_thread(|| run_pass(&model, None, share));
+                    pool::alone_on_this_thread(|| run_pass(&model, None, share));
                     if finished.send(()).is_err() {
                         return;
                     }

@@ -16,6 +16,7 @@ mod generate;
 pub mod kv_cache;
 pub mod model;
 pub mod perplexity;
+mod pool;
 pub mod prompt_cache;
 pub mod prompt_format;
 pub mod sampling;

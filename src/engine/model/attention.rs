@@ -333,7 +333,7 @@ fn attention_on_cpu(
     // sequence's attention goes there: run on one thread, it let the other
     // park, and the projection after it paid to wake it, about 60 µs a
     // layer.
-    super::claimed_on_pool(tiles.len() * kv_heads, run);
+    crate::engine::pool::claimed_on_pool(tiles.len() * kv_heads, run);
     drop(runs);
     drop(guards);
     Tensor::from_vec(out, (1, count, heads * d), queries.device())

@@ -580,53 +580,59 @@ impl InterleavedMatmul {
             Tiling::TwoGroups => groups.div_ceil(RUNS).next_multiple_of(2),
             Tiling::Rows | Tiling::Pairs => groups.div_ceil(RUNS),
         };
-        super::claimed_on_pool_after(jobs, prepare, groups.div_ceil(run), |indices| {
-            // SAFETY: every preparation job has finished, and none runs again.
-            let (inputs, pairs) = unsafe { prepared.all() };
-            let row = |n: usize| &inputs[n * blocks..][..blocks];
-            let pair = |p: usize| &pairs[p * blocks..][..blocks];
-            let mut tile_out = [0f32; 2 * PAIR_TILE * GROUP];
-            for index in indices {
-                let (mut g, end) = (index * run, groups.min((index + 1) * run));
-                while g < end {
-                    let taken = if tiling == Tiling::TwoGroups && g + 1 < end {
-                        2
-                    } else {
-                        1
-                    };
-                    let group = &self.interleaved[g * group_bytes..][..taken * group_bytes];
-                    let columns = [output.columns(g), output.columns(g + taken - 1)];
-                    let columns = &columns[..taken];
-                    for first in (0..seq).step_by(tile_rows) {
-                        let count = tile_rows.min(seq - first);
-                        let pairs: [&[PairBlock]; PAIR_TILE];
-                        let rows: [&[InputBlock]; TILE];
-                        let tile = if tiling == Tiling::Pairs {
-                            pairs = std::array::from_fn(|p| {
-                                pair((first / 2 + p).min(seq.div_ceil(2) - 1))
-                            });
-                            Tile::Pairs(&pairs[..count.div_ceil(2)])
+        crate::engine::pool::claimed_on_pool_after(
+            jobs,
+            prepare,
+            groups.div_ceil(run),
+            |indices| {
+                // SAFETY: every preparation job has finished, and none runs again.
+                let (inputs, pairs) = unsafe { prepared.all() };
+                let row = |n: usize| &inputs[n * blocks..][..blocks];
+                let pair = |p: usize| &pairs[p * blocks..][..blocks];
+                let mut tile_out = [0f32; 2 * PAIR_TILE * GROUP];
+                for index in indices {
+                    let (mut g, end) = (index * run, groups.min((index + 1) * run));
+                    while g < end {
+                        let taken = if tiling == Tiling::TwoGroups && g + 1 < end {
+                            2
                         } else {
-                            rows = std::array::from_fn(|n| row((first + n).min(seq - 1)));
-                            match taken {
-                                2 => Tile::TwoGroups(&rows[..count]),
-                                _ => Tile::Rows(&rows[..count]),
-                            }
+                            1
                         };
-                        self.dot(group, tile, &mut tile_out, streamed);
-                        let sums = tile_out.chunks_exact(taken * GROUP).take(count);
-                        for (n, sums) in sums.enumerate() {
-                            for (columns, sums) in columns.iter().zip(sums.chunks_exact(GROUP)) {
-                                // SAFETY: row `first + n` is below `seq`, and
-                                // these groups belong to this run alone.
-                                unsafe { columns.write(first + n, sums) };
+                        let group = &self.interleaved[g * group_bytes..][..taken * group_bytes];
+                        let columns = [output.columns(g), output.columns(g + taken - 1)];
+                        let columns = &columns[..taken];
+                        for first in (0..seq).step_by(tile_rows) {
+                            let count = tile_rows.min(seq - first);
+                            let pairs: [&[PairBlock]; PAIR_TILE];
+                            let rows: [&[InputBlock]; TILE];
+                            let tile = if tiling == Tiling::Pairs {
+                                pairs = std::array::from_fn(|p| {
+                                    pair((first / 2 + p).min(seq.div_ceil(2) - 1))
+                                });
+                                Tile::Pairs(&pairs[..count.div_ceil(2)])
+                            } else {
+                                rows = std::array::from_fn(|n| row((first + n).min(seq - 1)));
+                                match taken {
+                                    2 => Tile::TwoGroups(&rows[..count]),
+                                    _ => Tile::Rows(&rows[..count]),
+                                }
+                            };
+                            self.dot(group, tile, &mut tile_out, streamed);
+                            let sums = tile_out.chunks_exact(taken * GROUP).take(count);
+                            for (n, sums) in sums.enumerate() {
+                                for (columns, sums) in columns.iter().zip(sums.chunks_exact(GROUP))
+                                {
+                                    // SAFETY: row `first + n` is below `seq`, and
+                                    // these groups belong to this run alone.
+                                    unsafe { columns.write(first + n, sums) };
+                                }
                             }
                         }
+                        g += taken;
                     }
-                    g += taken;
                 }
-            }
-        });
+            },
+        );
         parts
             .into_iter()
             .zip(widths)

@@ -2,7 +2,8 @@
 //! candle's bits or within a few units in the last place of them; other
 //! devices and types take candle's ops.
 
-use super::{cpu_values, written};
+use super::cpu_values;
+use crate::engine::pool::written;
 use candle_core::{DType, Tensor};
 use std::mem::MaybeUninit;
 

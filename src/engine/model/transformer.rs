@@ -7,8 +7,9 @@
 use super::attention::{batch_attention, prompt_attention};
 use super::rowwise::{f32_on_cpu, rms_norm, swiglu};
 use super::weights::{Embedding, Linear, Pass, PrefillWeights, Projections, WeightFile};
-use super::{cpu_values, each_on_pool, Config};
+use super::{cpu_values, Config};
 use crate::engine::kv_cache::{KvCache, KvDtype};
+use crate::engine::pool::each_on_pool;
 use crate::error::{CandleContext, Result};
 use candle_core::{DType, Device, Tensor};
 

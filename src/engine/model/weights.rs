@@ -749,7 +749,7 @@ fn requantized(
         .chunks(share)
         .map(|part| (part, Ok(Vec::new())))
         .collect();
-    super::each_on_pool(&mut parts, |_, (part, bytes)| {
+    crate::engine::pool::each_on_pool(&mut parts, |_, (part, bytes)| {
         *bytes = QStorage::from_data(Cow::Borrowed(part), device, dtype)
             .and_then(|storage| QTensor::new(storage, (part.len() / row_bytes, width)))
             .and_then(|tensor| to_q8_0(&tensor, device))

@@ -19,7 +19,9 @@
 //! the run's target length ([`length::condense`]). The words of every
 //! prompt are in `prompt.rs`.
 
+mod answer;
 mod prompt;
+mod reading;
 
 use crate::chunk::Chunk;
 use crate::engine::constraint::Grammar;
@@ -29,20 +31,21 @@ use crate::llm::{Llm, Prompt};
 use crate::memory::grammar::{binds_a_limit, revision_grammar, MAX_LINES};
 use crate::memory::revise::{apply_revisions, RefusalKind, Refused};
 use crate::memory::{
-    apply, parse_revisions, render_in_place, render_revision, Amendments, JsonPath, Op,
-    RejectionKind, Revision, Schema, Screen,
+    apply, parse_revisions, render_in_place, Amendments, Op, RejectionKind, Revision, Schema,
+    Screen,
 };
 use crate::methods::baseline::Call;
-use crate::methods::length::{self, condense, target_words, CONDENSE_SYSTEM};
+use crate::methods::length::{self, target_words, CONDENSE_SYSTEM};
 use crate::methods::AnswerForm;
-use crate::metrics::copying::DocumentWords;
 use crate::metrics::Tokens;
 use crate::run::dir::RunDir;
 use crate::run::{Advance, Finish, Method, Position};
+use answer::memory_notes;
 use prompt::{
     preamble, query_request, revision_request, summary_request, EMPTY_MEMORY, PEOPLE_REQUEST,
     QUERY_SYSTEM, REVISION_REQUEST, SUMMARY_SYSTEM, SYSTEM,
 };
+use reading::{people_revisions, summarize};
 use serde_json::Value;
 use std::cell::{Cell, RefCell};
 use std::time::Instant;
@@ -567,132 +570,6 @@ impl<'a> Prism<'a> {
         }
         (applied, rejected)
     }
-
-    /// Write the final answer from the memory: the query answered from
-    /// the whole memory, or a summary of about the target length condensed
-    /// from the notes in order (in parts when they are long).
-    pub fn answer(&self, llm: &mut dyn Llm, state: &PrismState, target: usize) -> Result<String> {
-        if self.config.answer_form == AnswerForm::Direct {
-            let prompt = self.query_prompt(state);
-            let completion = llm.complete(&prompt, self.config.answer_tokens, None)?;
-            return Ok(completion.text.trim().to_string());
-        }
-        let notes = notes_named_first(&state.memory);
-        if notes.is_empty() {
-            let prompt = Prompt {
-                system: Some(CONDENSE_SYSTEM.to_string()),
-                segments: vec![EMPTY_MEMORY.to_string()],
-                source: None,
-            };
-            let completion = llm.complete(&prompt, length::tokens_for(target), None)?;
-            return Ok(completion.text.trim().to_string());
-        }
-        Ok(condense(llm, &notes, target)?.text)
-    }
-}
-
-/// The most words of a chunk one summary call reads. Qwen2.5-Coder-1.5B
-/// summarizes a few hundred words in a few sentences; asked for more
-/// sentences of a longer text, it copied the text out (see
-/// [`COPIED_SUMMARY`]).
-const WORDS_PER_SUMMARY: usize = 300;
-/// Words of text per sentence of its summary.
-const WORDS_PER_SENTENCE: usize = 100;
-/// Tokens a summary may spend per sentence asked for.
-const TOKENS_PER_SENTENCE: usize = 50;
-/// A summary with this share of its word 8-grams found in the text it
-/// summarizes is that text copied out, and is asked for again, shorter:
-/// asked for four to six sentences of the 640-word sample,
-/// Qwen2.5-Coder-1.5B summarized it; asked for six to eight, it copied the
-/// sample out whole.
-const COPIED_SUMMARY: f64 = 0.3;
-/// Summaries of one piece asked for before the last one is kept.
-const SUMMARY_ATTEMPTS: usize = 3;
-
-/// The summary of a chunk and the calls that wrote it.
-struct ChunkSummary {
-    text: String,
-    /// Who the chunk names, and who they are.
-    people: Vec<(String, String)>,
-    calls: Vec<Call>,
-}
-
-/// Summarize `chunk` piece by piece, pieces of at most [`WORDS_PER_SUMMARY`]
-/// words ending at paragraph or sentence ends, each in a few sentences. A
-/// piece's summary that copies the piece out ([`COPIED_SUMMARY`]) is asked
-/// for again with fewer sentences. The people the chunk names are listed in
-/// a call of their own.
-fn summarize(llm: &mut dyn Llm, chunk: &Chunk) -> Result<ChunkSummary> {
-    let words = |text: &str| text.split_whitespace().count();
-    let mut summary = ChunkSummary {
-        text: String::new(),
-        people: Vec::new(),
-        calls: Vec::new(),
-    };
-    for piece in crate::chunk::split(&chunk.text, WORDS_PER_SUMMARY, &words)? {
-        let text = DocumentWords::new(&piece.text);
-        let mut sentences = (words(&piece.text) / WORDS_PER_SENTENCE).clamp(2, 5);
-        for attempt in 1..=SUMMARY_ATTEMPTS {
-            let prompt = Prism::summary_prompt(&piece, sentences);
-            let call = Call::run(llm, &prompt, (sentences + 2) * TOKENS_PER_SENTENCE)?;
-            let written = call.summary().to_string();
-            let copied = text.copying(&[&written]).copied_8gram_share;
-            summary.calls.push(call);
-            if copied < COPIED_SUMMARY || attempt == SUMMARY_ATTEMPTS || sentences == 1 {
-                if !summary.text.is_empty() {
-                    summary.text.push(' ');
-                }
-                summary.text.push_str(&written);
-                break;
-            }
-            sentences = (sentences / 2).max(1);
-        }
-    }
-    let call = Call::run(llm, &Prism::people_prompt(chunk), PEOPLE_TOKENS)?;
-    summary.people = people_listed(call.summary());
-    summary.calls.push(call);
-    Ok(summary)
-}
-
-/// Tokens the list of a chunk's people may spend.
-const PEOPLE_TOKENS: usize = 200;
-
-/// The people a list names and who each is, from its lines of the form
-/// "- Name: who", each name once. Asked for the people of a manual, the
-/// 1.5B model also listed its date ("17 January 1944") and its status
-/// ("(Provisional)"): a name starts with a capital letter, holds no digit
-/// and is a few words long.
-fn people_listed(list: &str) -> Vec<(String, String)> {
-    const MAX_NAME_WORDS: usize = 6;
-    let mut names = std::collections::HashSet::new();
-    list.lines()
-        .filter_map(|line| {
-            let (name, who) = line.trim().strip_prefix("- ")?.split_once(':')?;
-            let (name, who) = (name.trim(), who.trim());
-            let named = name.starts_with(char::is_uppercase)
-                && !name.contains(|c: char| c.is_ascii_digit())
-                && name.split_whitespace().count() <= MAX_NAME_WORDS
-                && !who.is_empty();
-            (named && names.insert(name.to_lowercase()))
-                .then(|| (name.to_string(), who.to_string()))
-        })
-        .collect()
-}
-
-/// Revision lines that add each of `people` to the memory's `people`, as
-/// the examples show a person noted. The model, shown the list and asked
-/// for revisions, filed every name under one key called `name`; written
-/// here, each person gets an entry of their own, screened and checked
-/// against the schema like any revision (a schema without `people` refuses
-/// them).
-fn people_revisions(people: &[(String, String)]) -> String {
-    people
-        .iter()
-        .map(|(name, who)| {
-            let path = JsonPath::root().key("people").key(name.as_str());
-            render_revision(&Revision::add(path, serde_json::json!([who])))
-        })
-        .collect()
 }
 
 /// Refused lines in a row after which a step stops: a small model under
@@ -711,54 +588,6 @@ fn note_start(line: &str) -> usize {
     line[value..]
         .find(|c: char| c.is_alphanumeric())
         .map_or(value, |at| value + at)
-}
-
-/// The notes of a memory, in memory order: every string, led by the key it
-/// sits under when that key is deeper than the top level (a person's name,
-/// say), so that a note read alone still says what it is about.
-pub fn memory_notes(memory: &Value) -> Vec<String> {
-    fn walk(value: &Value, key: Option<&str>, depth: usize, notes: &mut Vec<String>) {
-        match value {
-            Value::String(text) if !text.trim().is_empty() => notes.push(match key {
-                Some(key) if depth > 1 => format!("{key}: {}", text.trim()),
-                _ => text.trim().to_string(),
-            }),
-            Value::Array(items) => {
-                for item in items {
-                    walk(item, key, depth, notes);
-                }
-            }
-            Value::Object(members) => {
-                for (name, member) in members {
-                    walk(member, Some(name), depth + 1, notes);
-                }
-            }
-            Value::Number(_) | Value::Bool(_) => {
-                if let Some(key) = key {
-                    notes.push(format!("{key}: {value}"));
-                }
-            }
-            _ => {}
-        }
-    }
-    let mut notes = Vec::new();
-    walk(memory, None, 0, &mut notes);
-    notes
-}
-
-/// The notes of a memory as a summary tells them: first those kept under
-/// a name (a person's, in the stock schemas), so that a summary says who
-/// its people are before what they do, then the rest, each in memory order.
-fn notes_named_first(memory: &Value) -> Vec<String> {
-    let Value::Object(members) = memory else {
-        return memory_notes(memory);
-    };
-    let (named, told): (Vec<_>, Vec<_>) = members.iter().partition(|(_, value)| value.is_object());
-    named
-        .into_iter()
-        .chain(told)
-        .flat_map(|(key, value)| memory_notes(&serde_json::json!({ key: value })))
-        .collect()
 }
 
 impl Method for Prism<'_> {
@@ -845,6 +674,7 @@ impl Method for Prism<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::answer::notes_named_first;
     use super::*;
     use serde_json::json;
 
@@ -861,26 +691,6 @@ mod tests {
                 "The fog came down.",
                 "Tomas fired a flare.",
                 "Wenna Cole: Skipper of the Marigold."
-            ]
-        );
-    }
-
-    #[test]
-    fn a_people_list_becomes_one_revision_per_person() {
-        let list = "Here they are:\n- Ada Penhallow: the writer\n- Tomas: \n- Wenna Cole: a skipper\n- Ada Penhallow: the keeper\n- Liam O'Neill: a pilot\nnot a line: at all\n- 17 January 1944: the date\n- (Provisional): the status\n- lowercase name: someone";
-        let people = people_listed(list);
-        assert_eq!(people.len(), 3, "{people:?}");
-        let revisions = crate::memory::parse_revisions(&people_revisions(&people));
-        let paths: Vec<String> = revisions
-            .into_iter()
-            .map(|revision| revision.unwrap().path.to_string())
-            .collect();
-        assert_eq!(
-            paths,
-            [
-                "$.people.'Ada Penhallow'",
-                "$.people.'Wenna Cole'",
-                "$.people.'Liam O\\'Neill'"
             ]
         );
     }
