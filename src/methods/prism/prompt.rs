@@ -114,6 +114,10 @@ pub(super) fn summary_request(fewest: usize) -> String {
 /// one call, Qwen2.5-Coder-1.5B copied the text out, and asked in the
 /// summary's request to name the writer, it named no one. Asked on its own
 /// who the people are, it lists them with who they are.
+/// Who the example in [`PEOPLE_REQUEST`] is; a person described so by a
+/// text that does not say it is that example copied.
+pub(super) const PEOPLE_EXAMPLE_WHO: &str = "the ship's cook";
+
 pub(super) const PEOPLE_REQUEST: &str = "Who are the people in the following text? List each one on its own line, like \"- Jane Doe: the ship's cook\", and the writer too if the text says \"I\". List only people, not places or boats.\n\n";
 
 /// The system turn of a final answer to a query (`AnswerForm::Direct`).

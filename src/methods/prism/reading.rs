@@ -1,6 +1,7 @@
 //! How PRISM reads a chunk before it revises the memory: a plain summary of
 //! each piece of it, and a list of the people it names.
 
+use super::prompt::PEOPLE_EXAMPLE_WHO;
 use super::Prism;
 use crate::chunk::Chunk;
 use crate::error::Result;
@@ -67,7 +68,7 @@ pub(super) fn summarize(llm: &mut dyn Llm, chunk: &Chunk) -> Result<ChunkSummary
         }
     }
     let call = Call::run(llm, &Prism::people_prompt(chunk), PEOPLE_TOKENS)?;
-    summary.people = people_listed(call.summary());
+    summary.people = people_listed(call.summary(), &chunk.text);
     summary.calls.push(call);
     Ok(summary)
 }
@@ -79,8 +80,11 @@ const PEOPLE_TOKENS: usize = 200;
 /// "- Name: who", each name once. Asked for the people of a manual, the
 /// 1.5B model also listed its date ("17 January 1944") and its status
 /// ("(Provisional)"): a name starts with a capital letter, holds no digit
-/// and is a few words long.
-pub(super) fn people_listed(list: &str) -> Vec<(String, String)> {
+/// and is a few words long. Asked for the people of a play's cast list, it
+/// gave one of them the request's own example ("the ship's cook"), which is
+/// refused where `text` does not say it. Names in
+/// capitals, as plays print their speakers, are written as names.
+pub(super) fn people_listed(list: &str, text: &str) -> Vec<(String, String)> {
     const MAX_NAME_WORDS: usize = 6;
     let mut names = std::collections::HashSet::new();
     list.lines()
@@ -90,11 +94,35 @@ pub(super) fn people_listed(list: &str) -> Vec<(String, String)> {
             let named = name.starts_with(char::is_uppercase)
                 && !name.contains(|c: char| c.is_ascii_digit())
                 && name.split_whitespace().count() <= MAX_NAME_WORDS
-                && !who.is_empty();
-            (named && names.insert(name.to_lowercase()))
-                .then(|| (name.to_string(), who.to_string()))
+                && !who.is_empty()
+                && !is_the_requests_example(who, text);
+            (named && names.insert(name.to_lowercase())).then(|| (as_name(name), who.to_string()))
         })
         .collect()
+}
+
+/// Whether `who` is the people request's example, which `text` does not hold.
+fn is_the_requests_example(who: &str, text: &str) -> bool {
+    who.trim_end_matches('.')
+        .eq_ignore_ascii_case(PEOPLE_EXAMPLE_WHO)
+        && !text.to_lowercase().contains(PEOPLE_EXAMPLE_WHO)
+}
+
+/// `name` as a name is written: "TOUCHSTONE" as "Touchstone", anything
+/// with a small letter as it is.
+fn as_name(name: &str) -> String {
+    if name.chars().any(char::is_lowercase) {
+        return name.to_string();
+    }
+    name.split(' ')
+        .map(|word| {
+            let mut letters = word.chars();
+            letters.next().map_or_else(String::new, |first| {
+                first.to_string() + &letters.as_str().to_lowercase()
+            })
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Revision lines that add each of `people` to the memory's `people`, as
@@ -115,12 +143,13 @@ pub(super) fn people_revisions(people: &[(String, String)]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::prompt::PEOPLE_REQUEST;
     use super::*;
 
     #[test]
     fn a_people_list_becomes_one_revision_per_person() {
         let list = "Here they are:\n- Ada Penhallow: the writer\n- Tomas: \n- Wenna Cole: a skipper\n- Ada Penhallow: the keeper\n- Liam O'Neill: a pilot\nnot a line: at all\n- 17 January 1944: the date\n- (Provisional): the status\n- lowercase name: someone";
-        let people = people_listed(list);
+        let people = people_listed(list, "");
         assert_eq!(people.len(), 3, "{people:?}");
         let revisions = crate::memory::parse_revisions(&people_revisions(&people));
         let paths: Vec<String> = revisions
@@ -135,5 +164,22 @@ mod tests {
                 "$.people.'Liam O\\'Neill'"
             ]
         );
+    }
+
+    #[test]
+    fn a_cast_list_gives_names_not_capitals_and_not_the_requests_example() {
+        let text = "TOUCHSTONE\ta clown.\nJAQUES\tlords attending on the banished duke.";
+        let list = "- TOUCHSTONE: a clown.\n- JAQUES: the ship's cook.\n- Le Beau: a courtier";
+        assert_eq!(
+            people_listed(list, text),
+            [
+                ("Touchstone".to_string(), "a clown.".to_string()),
+                ("Le Beau".to_string(), "a courtier".to_string()),
+            ]
+        );
+        assert!(PEOPLE_REQUEST.contains(PEOPLE_EXAMPLE_WHO));
+        // The same words are a description where the text holds them.
+        let aboard = "The ship's cook, Jaques, served the soup.";
+        assert_eq!(people_listed("- Jaques: the ship's cook", aboard).len(), 1);
     }
 }
