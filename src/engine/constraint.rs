@@ -17,6 +17,9 @@ pub enum Grammar {
     JsonSchema(serde_json::Value),
     /// Text in llguidance's Lark dialect (which may inline `%json { … }` schemas).
     Lark(String),
+    /// One grammar in two dialects: Lark, which this engine and vLLM read, and
+    /// llama.cpp's GBNF, for servers that read only that.
+    Dialects { lark: String, gbnf: String },
     /// Text matching this regular expression (Rust `regex` syntax).
     Regex(String),
 }
@@ -27,7 +30,9 @@ impl Grammar {
             Grammar::JsonSchema(schema) => {
                 TopLevelGrammar::from_json_schema(with_fixed_spacing(schema))
             }
-            Grammar::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
+            Grammar::Lark(lark) | Grammar::Dialects { lark, .. } => {
+                TopLevelGrammar::from_lark(lark.clone())
+            }
             Grammar::Regex(regex) => TopLevelGrammar::from_regex(regex),
         }
     }

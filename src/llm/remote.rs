@@ -420,7 +420,9 @@ fn generation_fields(model: &str, options: &GenerateOptions) -> GenerationFields
                 },
             });
         }
-        Some(Grammar::Lark(lark)) => fields.lark = Some(lark.clone()),
+        Some(Grammar::Lark(lark) | Grammar::Dialects { lark, .. }) => {
+            fields.lark = Some(lark.clone())
+        }
         Some(Grammar::Regex(regex)) => fields.regex = Some(regex.clone()),
     }
     fields

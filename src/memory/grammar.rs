@@ -3,7 +3,8 @@
 //! it admits parses as a revision whose value type-checks at its path.
 //!
 //! The grammar is in llguidance's Lark dialect; each value is an inline
-//! `%json` schema taken from the memory schema at that path. It admits no
+//! `%json` schema taken from the memory schema at that path. [`gbnf`] renders
+//! the same lines in llama.cpp's GBNF for servers that read no Lark. It admits no
 //! revision at all, since a chunk may add nothing. Bounds on the number of
 //! lines, string length and list size are a safety net against a model that
 //! would write forever; they are sized not to bind in normal use, and
@@ -11,7 +12,9 @@
 //! Schema of a whole memory, for methods that have the model write the memory
 //! out instead of revising it.
 
-use crate::engine::constraint::fixed_spacing;
+mod gbnf;
+
+use crate::engine::constraint::{fixed_spacing, Grammar};
 use crate::memory::{JsonPath, Next, NodeKind, Op, Revision, Schema, SchemaNode};
 use serde_json::{json, Map, Value};
 
@@ -26,9 +29,9 @@ pub const MAX_STRING_CHARS: usize = 280;
 /// The most items a list an `add` writes may hold. An `update` rewrites a
 /// whole list and is not bounded, so that it never cuts what was there.
 pub const MAX_LIST_ITEMS: usize = 8;
-/// How a new map key may be spelled: no quotes or backslashes, so it needs no
-/// escaping inside the path or the JSON line.
-const NEW_KEY: &str = r"/[A-Za-z0-9][A-Za-z0-9 ,_-]{0,40}/";
+/// How a new map key may be spelled, as a regular expression: no quotes or
+/// backslashes, so it needs no escaping inside the path or the JSON line.
+const NEW_KEY: &str = "[A-Za-z0-9][A-Za-z0-9 ,_-]{0,40}";
 
 /// A Lark grammar for up to `max_lines` revision lines (none is fine), each of the
 /// form `{"op": "add", "path": "$.'Key'", "value": …}` followed by a newline.
@@ -43,16 +46,102 @@ pub fn revision_grammar(
     updates: bool,
     max_lines: usize,
 ) -> String {
-    let rules = LineRules::new(schema, memory, updates);
-    if rules.adds.is_empty() && rules.updates.is_empty() {
+    lark_grammar(&RevisionLines::new(schema, memory, updates), max_lines)
+}
+
+/// [`revision_grammar`] as a constraint that also carries its GBNF rendering,
+/// for servers of the llama.cpp family. A schema whose key pattern GBNF cannot
+/// express gets the Lark grammar alone.
+pub fn revision_constraint(
+    schema: &Schema,
+    memory: &Value,
+    updates: bool,
+    max_lines: usize,
+) -> Grammar {
+    let lines = RevisionLines::new(schema, memory, updates);
+    let lark = lark_grammar(&lines, max_lines);
+    match gbnf::revision_grammar(&lines, max_lines) {
+        Ok(gbnf) => Grammar::Dialects { lark, gbnf },
+        Err(error) => {
+            tracing::debug!("the revision grammar has no GBNF rendering: {error}");
+            Grammar::Lark(lark)
+        }
+    }
+}
+
+fn lark_grammar(lines: &RevisionLines, max_lines: usize) -> String {
+    if lines.is_empty() {
         // Nothing can change: the only admissible output is no revision at all.
         return "start: \"\"\n".to_string();
     }
+    let rules = LineRules::of(lines);
     format!(
         "start: line{{0,{max_lines}}}\nline: {}\n{}",
         [rules.adds, rules.updates].concat().join(" | "),
         rules.definitions,
     )
+}
+
+/// Every kind of revision line that fits a memory, in the order the rules
+/// of either dialect are numbered: `add` lines, then `update` lines.
+pub(crate) struct RevisionLines {
+    adds: Vec<LineShape>,
+    updates: Vec<LineShape>,
+}
+
+/// One kind of revision line: an operation at a path, and what it may write there.
+struct LineShape {
+    op: Op,
+    path: PathText,
+    value: Bounded,
+}
+
+impl RevisionLines {
+    fn new(schema: &Schema, memory: &Value, updates: bool) -> Self {
+        let line = |op: Op, path: PathText, node: &SchemaNode| {
+            let max_items = (op == Op::Add).then_some(MAX_LIST_ITEMS);
+            LineShape {
+                op,
+                path,
+                value: Bounded::of(schema, node, 0, max_items),
+            }
+        };
+        let adds = schema
+            .add_targets(memory)
+            .into_iter()
+            .map(|(pattern, node)| match &pattern.next {
+                Next::NewKey => line(Op::Add, PathText::new_key(schema, &pattern.prefix), node),
+                Next::Key(name) => line(
+                    Op::Add,
+                    PathText::fixed(&pattern.prefix.key(name.clone())),
+                    node,
+                ),
+                // A list grows by `add` at the list itself with one new item:
+                // unlike its next index, that path stays valid however many lines
+                // of the same step add to it, and one item per line is the form
+                // the prompt teaches (see `methods::prism::prompt`).
+                Next::Index(_) => line(Op::Add, PathText::fixed(&pattern.prefix), node),
+            })
+            .collect();
+        let updates = match updates {
+            true => schema
+                .update_targets(memory)
+                .into_iter()
+                .map(|(path, node)| line(Op::Update, PathText::fixed(&path), node))
+                .collect(),
+            false => Vec::new(),
+        };
+        RevisionLines { adds, updates }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.adds.is_empty() && self.updates.is_empty()
+    }
+
+    /// Every line, each with the number of its rule.
+    fn numbered(&self) -> impl Iterator<Item = (usize, &LineShape)> {
+        self.adds.iter().chain(&self.updates).enumerate()
+    }
 }
 
 /// The Lark rules of single revision lines that fit a memory, one rule per
@@ -68,50 +157,36 @@ pub(crate) struct LineRules {
 
 impl LineRules {
     pub fn new(schema: &Schema, memory: &Value, updates: bool) -> Self {
+        Self::of(&RevisionLines::new(schema, memory, updates))
+    }
+
+    fn of(lines: &RevisionLines) -> Self {
         let mut rules = Vec::new();
         let mut adds = Vec::new();
-        let mut update_names = Vec::new();
-        let mut add_rule = |op: Op, path: PathText, node: &SchemaNode| {
-            let name = format!("r{}", rules.len());
-            let max_items = (op == Op::Add).then_some(MAX_LIST_ITEMS);
-            let mut value = value_schema(schema, node, 0, max_items);
+        let mut updates = Vec::new();
+        for (index, line) in lines.numbered() {
+            let name = format!("r{index}");
+            let mut value = line.value.json_schema();
             if let Value::Object(map) = &mut value {
                 map.insert("x-guidance".into(), fixed_spacing());
             }
             let value = serde_json::to_string(&value).expect("a JSON value serializes");
-            let head = lark_string(&format!("{{\"op\": \"{op}\", \"path\": \"{}", path.before));
-            let tail = lark_string(&format!("{}\", \"value\": ", path.after));
-            let key = path.key_between();
-            rules.push(format!("{name}: {head}{key}{tail} %json {value} \"}}\\n\""));
-            match op {
+            let (head, tail) = line.path.around(line.op);
+            let key = line.path.lark_key_between();
+            rules.push(format!(
+                "{name}: {}{key}{} %json {value} \"}}\\n\"",
+                lark_string(&head),
+                lark_string(&tail)
+            ));
+            match line.op {
                 Op::Add => adds.push(name),
-                Op::Update => update_names.push(name),
-            }
-        };
-        for (pattern, node) in schema.add_targets(memory) {
-            match &pattern.next {
-                Next::NewKey => add_rule(Op::Add, PathText::new_key(schema, &pattern.prefix), node),
-                Next::Key(name) => add_rule(
-                    Op::Add,
-                    PathText::fixed(&pattern.prefix.key(name.clone())),
-                    node,
-                ),
-                // A list grows by `add` at the list itself with one new item:
-                // unlike its next index, that path stays valid however many lines
-                // of the same step add to it, and one item per line is the form
-                // the prompt teaches (see `methods::prism::prompt`).
-                Next::Index(_) => add_rule(Op::Add, PathText::fixed(&pattern.prefix), node),
-            }
-        }
-        if updates {
-            for (path, node) in schema.update_targets(memory) {
-                add_rule(Op::Update, PathText::fixed(&path), node);
+                Op::Update => updates.push(name),
             }
         }
         LineRules {
             adds,
-            updates: update_names,
-            definitions: format!("{}\nKEY: {NEW_KEY}\n", rules.join("\n")),
+            updates,
+            definitions: format!("{}\nKEY: /{NEW_KEY}/\n", rules.join("\n")),
         }
     }
 }
@@ -146,7 +221,7 @@ pub(crate) fn new_key_paths(schema: &Schema, memory: &Value) -> Vec<String> {
                 Next::Key(name) => PathText::fixed(&pattern.prefix.key(name.clone())),
                 Next::Index(_) => return None,
             };
-            let key = path.key_between();
+            let key = path.lark_key_between();
             Some(format!(
                 "{}{key}{}",
                 lark_string(&format!("\"{}", path.before)),
@@ -160,15 +235,23 @@ pub(crate) fn new_key_paths(schema: &Schema, memory: &Value) -> Vec<String> {
 /// schema with strings bounded as in revisions, lists unbounded (a memory's
 /// lists keep growing) but never empty.
 pub fn memory_json_schema(schema: &Schema) -> Value {
-    value_schema(schema, schema.root(), 0, None)
+    Bounded::of(schema, schema.root(), 0, None).json_schema()
 }
 
 /// A path as it appears inside the JSON line: fixed text, or text around a new key.
 struct PathText {
     before: String,
     after: String,
-    /// The Lark expression of the new key, if the path ends in one.
-    key: Option<String>,
+    /// How the new key is spelled, if the path ends in one.
+    key: Option<NewKey>,
+}
+
+/// The spelling of a new key.
+enum NewKey {
+    /// [`NEW_KEY`], the `KEY` terminal of the Lark rules.
+    Any,
+    /// The schema's own pattern (`propertyNames`), without its anchors.
+    Pattern(String),
 }
 
 impl PathText {
@@ -180,14 +263,6 @@ impl PathText {
         }
     }
 
-    /// What goes between the text before and after: the key's expression
-    /// set off by spaces, or one space.
-    fn key_between(&self) -> String {
-        self.key
-            .as_ref()
-            .map_or(" ".to_string(), |key| format!(" {key} "))
-    }
-
     /// `prefix.'KEY'`, quoted so any spelling the KEY pattern allows parses.
     /// Where the schema gives keys a pattern of their own (`propertyNames`),
     /// the key follows it instead.
@@ -196,13 +271,31 @@ impl PathText {
             Some(NodeKind::Object {
                 key_pattern: Some(pattern),
                 ..
-            }) => format!("/{}/", pattern.unanchored().replace('/', "\\/")),
-            _ => "KEY".to_string(),
+            }) => NewKey::Pattern(pattern.unanchored().to_string()),
+            _ => NewKey::Any,
         };
         PathText {
             before: format!("{}.'", json_escape(&prefix.to_string())),
             after: "'".to_string(),
             key: Some(key),
+        }
+    }
+
+    /// The fixed text of a line before the key and after it, up to the value.
+    fn around(&self, op: Op) -> (String, String) {
+        (
+            format!("{{\"op\": \"{op}\", \"path\": \"{}", self.before),
+            format!("{}\", \"value\": ", self.after),
+        )
+    }
+
+    /// What goes between the text before and after in Lark: the key's
+    /// expression set off by spaces, or one space.
+    fn lark_key_between(&self) -> String {
+        match &self.key {
+            None => " ".to_string(),
+            Some(NewKey::Any) => " KEY ".to_string(),
+            Some(NewKey::Pattern(pattern)) => format!(" /{}/ ", pattern.replace('/', "\\/")),
         }
     }
 }
@@ -218,78 +311,132 @@ pub(crate) fn lark_string(text: &str) -> String {
     serde_json::to_string(text).expect("a string serializes")
 }
 
-/// The JSON Schema a value at `node` must satisfy, bounded for decoding: lists
-/// hold at least one item and at most `max_list_items` when given.
-/// References are inlined; past a few levels of recursion anything goes
-/// (the memory schema still checks the value when it is applied).
-fn value_schema(
-    schema: &Schema,
-    node: &SchemaNode,
-    depth: usize,
-    max_list_items: Option<usize>,
-) -> Value {
-    let node = schema.resolve(node);
-    if depth > 6 {
-        return json!({});
-    }
-    let mut out = match &node.kind {
-        NodeKind::Any => json!({}),
-        // Angle brackets are left out: prompts show placeholders in them, and
-        // a small model would rather copy a placeholder than write its own text.
-        // Line breaks are left out too: a note is one line, and with them
-        // Qwen2.5-Coder-1.5B copied a whole title page into one string.
-        // The length bound sits in the pattern: llguidance drops `maxLength`
-        // when a `pattern` is given.
-        NodeKind::String => json!({
-            "type": "string",
-            "pattern": format!("^[^<>\\n]{{0,{MAX_STRING_CHARS}}}$"),
-        }),
-        NodeKind::Number => json!({"type": "number"}),
-        NodeKind::Integer => json!({"type": "integer"}),
-        NodeKind::Boolean => json!({"type": "boolean"}),
-        NodeKind::Array { items } => {
-            let mut list = json!({
-                "type": "array",
-                "items": value_schema(schema, items, depth + 1, max_list_items),
-                "minItems": 1,
-            });
-            if let Some(max) = max_list_items {
-                list["maxItems"] = max.into();
-            }
-            list
-        }
-        NodeKind::Object {
-            properties,
-            required,
-            additional,
-            ..
-        } => {
-            let properties: Map<String, Value> = properties
-                .iter()
-                .map(|(key, child)| {
-                    (
-                        key.clone(),
-                        value_schema(schema, child, depth + 1, max_list_items),
-                    )
-                })
-                .collect();
-            let additional = match additional {
-                Some(child) => value_schema(schema, child, depth + 1, max_list_items),
-                None => Value::Bool(false),
+/// A value as constrained decoding bounds it: the memory schema at one node
+/// with references inlined, strings capped, and lists never empty.
+struct Bounded {
+    kind: BoundedKind,
+    /// When present, the value must equal one of these (as well as match `kind`).
+    allowed: Option<Vec<Value>>,
+}
+
+enum BoundedKind {
+    Any,
+    /// A string of at most [`MAX_STRING_CHARS`] characters, none of them `<`,
+    /// `>` or a line break.
+    Note,
+    Number,
+    Integer,
+    Boolean,
+    /// At least one item, and at most `max_items` when given.
+    List {
+        items: Box<Bounded>,
+        max_items: Option<usize>,
+    },
+    Object {
+        properties: Vec<(String, Bounded)>,
+        required: Vec<String>,
+        /// The value of any other key; `None` forbids other keys.
+        additional: Option<Box<Bounded>>,
+    },
+}
+
+impl Bounded {
+    /// The bounds of a value at `node`: lists hold at most `max_list_items`
+    /// when given. Past a few levels of recursion anything goes (the memory
+    /// schema still checks the value when it is applied).
+    fn of(schema: &Schema, node: &SchemaNode, depth: usize, max_list_items: Option<usize>) -> Self {
+        let node = schema.resolve(node);
+        if depth > 6 {
+            return Bounded {
+                kind: BoundedKind::Any,
+                allowed: None,
             };
-            json!({
-                "type": "object",
-                "properties": properties,
-                "required": required,
-                "additionalProperties": additional,
-            })
         }
-        NodeKind::Ref(_) => unreachable!("resolve() follows references"),
-    };
-    if let (Some(allowed), Value::Object(map)) = (&node.allowed, &mut out) {
-        map.insert("enum".into(), Value::Array(allowed.clone()));
+        let below = |child: &SchemaNode| Bounded::of(schema, child, depth + 1, max_list_items);
+        let kind = match &node.kind {
+            NodeKind::Any => BoundedKind::Any,
+            NodeKind::String => BoundedKind::Note,
+            NodeKind::Number => BoundedKind::Number,
+            NodeKind::Integer => BoundedKind::Integer,
+            NodeKind::Boolean => BoundedKind::Boolean,
+            NodeKind::Array { items } => BoundedKind::List {
+                items: Box::new(below(items)),
+                max_items: max_list_items,
+            },
+            NodeKind::Object {
+                properties,
+                required,
+                additional,
+                ..
+            } => BoundedKind::Object {
+                properties: properties
+                    .iter()
+                    .map(|(key, child)| (key.clone(), below(child)))
+                    .collect(),
+                required: required.clone(),
+                additional: additional.as_deref().map(|child| Box::new(below(child))),
+            },
+            NodeKind::Ref(_) => unreachable!("resolve() follows references"),
+        };
+        Bounded {
+            kind,
+            allowed: node.allowed.clone(),
+        }
     }
-    out
+
+    /// The JSON Schema of these bounds, for llguidance.
+    fn json_schema(&self) -> Value {
+        let mut out = match &self.kind {
+            BoundedKind::Any => json!({}),
+            // Angle brackets are left out: prompts show placeholders in them, and
+            // a small model would rather copy a placeholder than write its own text.
+            // Line breaks are left out too: a note is one line, and with them
+            // Qwen2.5-Coder-1.5B copied a whole title page into one string.
+            // The length bound sits in the pattern: llguidance drops `maxLength`
+            // when a `pattern` is given.
+            BoundedKind::Note => json!({
+                "type": "string",
+                "pattern": format!("^[^<>\\n]{{0,{MAX_STRING_CHARS}}}$"),
+            }),
+            BoundedKind::Number => json!({"type": "number"}),
+            BoundedKind::Integer => json!({"type": "integer"}),
+            BoundedKind::Boolean => json!({"type": "boolean"}),
+            BoundedKind::List { items, max_items } => {
+                let mut list = json!({
+                    "type": "array",
+                    "items": items.json_schema(),
+                    "minItems": 1,
+                });
+                if let Some(max) = max_items {
+                    list["maxItems"] = (*max).into();
+                }
+                list
+            }
+            BoundedKind::Object {
+                properties,
+                required,
+                additional,
+            } => {
+                let properties: Map<String, Value> = properties
+                    .iter()
+                    .map(|(key, child)| (key.clone(), child.json_schema()))
+                    .collect();
+                let additional = additional
+                    .as_ref()
+                    .map_or(Value::Bool(false), |child| child.json_schema());
+                json!({
+                    "type": "object",
+                    "properties": properties,
+                    "required": required,
+                    "additionalProperties": additional,
+                })
+            }
+        };
+        if let (Some(allowed), Value::Object(map)) = (&self.allowed, &mut out) {
+            map.insert("enum".into(), Value::Array(allowed.clone()));
+        }
+        out
+    }
 }
 
 #[cfg(test)]
