@@ -5,7 +5,7 @@
 use crate::common::{fetched_model, run_prism, tiny_chat_model, words_document};
 use prism::engine::source::ModelSource;
 use prism::engine::{Engine, GenerateOptions, LoadOptions};
-use prism::llm::remote::{RemoteApi, RemoteModel, RemoteOptions};
+use prism::llm::remote::{RemoteApi, RemoteConstraint, RemoteModel, RemoteOptions};
 use prism::llm::{Backend, Prompt};
 use prism::serve::{ServeOptions, Server};
 use serde_json::{json, Value};
@@ -218,6 +218,7 @@ fn the_servers_cached_tokens_are_the_engines_reused_tokens() {
         api_key: None,
         remote_model: None,
         api: RemoteApi::Ids,
+        constraint: RemoteConstraint::Auto,
         timeout: Duration::from_secs(120),
         retries: 0,
     };
@@ -427,6 +428,7 @@ fn a_refused_line_closes_the_stream_where_the_local_engine_stops() {
         api_key: None,
         remote_model: None,
         api: RemoteApi::Ids,
+        constraint: RemoteConstraint::Auto,
         timeout: Duration::from_secs(120),
         retries: 0,
     };

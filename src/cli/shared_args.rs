@@ -9,7 +9,7 @@ use prism::engine::model::PrefillWeights;
 use prism::engine::prompt_cache::PromptCache;
 use prism::engine::prompt_format::PromptFormat;
 use prism::engine::{Engine, LoadOptions, DEFAULT_DRAFT_TOKENS};
-use prism::llm::remote::{RemoteApi, RemoteModel, RemoteOptions};
+use prism::llm::remote::{RemoteApi, RemoteConstraint, RemoteModel, RemoteOptions};
 use prism::llm::Backend;
 use std::time::Instant;
 
@@ -196,6 +196,11 @@ pub struct BackendArgs {
     /// that refuse raw prompts.
     #[arg(long, value_enum, default_value = "ids")]
     pub remote_prompt: RemotePromptArg,
+    /// How a grammar goes to the server: `lark` as vLLM's `guided_grammar` (prism serve
+    /// reads it too), `gbnf` as the `grammar` of llama.cpp's server and llama-cpp-python's,
+    /// `none` not at all; `auto` is `lark` for now.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub remote_constraint: RemoteConstraintArg,
     /// Seconds one remote call may take, retries included.
     #[arg(long, value_name = "SECONDS", default_value_t = 600)]
     pub remote_timeout: u64,
@@ -212,6 +217,14 @@ pub enum RemotePromptArg {
     Ids,
     Text,
     Chat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RemoteConstraintArg {
+    Auto,
+    Lark,
+    Gbnf,
+    None,
 }
 
 impl BackendArgs {
@@ -244,6 +257,12 @@ impl BackendArgs {
                 RemotePromptArg::Ids => RemoteApi::Ids,
                 RemotePromptArg::Text => RemoteApi::Text,
                 RemotePromptArg::Chat => RemoteApi::Chat,
+            },
+            constraint: match self.remote_constraint {
+                RemoteConstraintArg::Auto => RemoteConstraint::Auto,
+                RemoteConstraintArg::Lark => RemoteConstraint::Lark,
+                RemoteConstraintArg::Gbnf => RemoteConstraint::Gbnf,
+                RemoteConstraintArg::None => RemoteConstraint::None,
             },
             timeout: std::time::Duration::from_secs(self.remote_timeout),
             retries: 4,

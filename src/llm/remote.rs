@@ -36,6 +36,28 @@ pub enum RemoteApi {
     Chat,
 }
 
+/// The dialect a grammar goes to the server in, and so the field that carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RemoteConstraint {
+    /// As [`RemoteConstraint::Lark`] until prism asks servers what they read.
+    #[default]
+    Auto,
+    /// Lark as vLLM's `guided_grammar`, which prism serve reads too.
+    Lark,
+    /// GBNF as the `grammar` of llama.cpp's server and llama-cpp-python's,
+    /// which ignore `guided_grammar`.
+    Gbnf,
+    /// No constraint at all, for a server that refuses every field of them.
+    None,
+}
+
+impl RemoteConstraint {
+    fn is_auto(&self) -> bool {
+        *self == RemoteConstraint::Auto
+    }
+}
+
 /// Where the server is and how to talk to it.
 #[derive(Debug, Clone)]
 pub struct RemoteOptions {
@@ -45,6 +67,7 @@ pub struct RemoteOptions {
     /// The name the server knows the model by; default: the local model's name.
     pub remote_model: Option<String>,
     pub api: RemoteApi,
+    pub constraint: RemoteConstraint,
     /// For one request, retries included.
     pub timeout: Duration,
     /// Further tries after a 429, a 5xx or a broken connection.
@@ -76,6 +99,9 @@ pub struct RemoteIdentity {
     pub base_url: String,
     pub remote_model: String,
     pub api: RemoteApi,
+    /// Left out when `auto`, so that runs from before the choice existed keep their fingerprints.
+    #[serde(skip_serializing_if = "RemoteConstraint::is_auto")]
+    pub constraint: RemoteConstraint,
 }
 
 /// A model served elsewhere, with its prompt format here.
@@ -123,6 +149,7 @@ impl RemoteModel {
             base_url: self.options.base_url.clone(),
             remote_model: self.remote_model().to_string(),
             api: self.options.api,
+            constraint: self.options.constraint,
         }
     }
 
@@ -155,6 +182,10 @@ impl RemoteModel {
         messages.extend(prompt.system.as_deref().map(ChatMessage::system));
         messages.push(ChatMessage::user(prompt.segments.concat()));
         let mut fields = generation_fields(self.remote_model(), options);
+        if let Some(grammar) = &options.grammar {
+            constrain(&mut fields, grammar, self.options.constraint)
+                .map_err(|reason| self.error(reason))?;
+        }
         if refuse_line.is_some() {
             fields.stream = true;
             fields.stream_options = Some(StreamOptions {
@@ -382,14 +413,11 @@ enum Body {
 }
 
 /// The request fields every engine shares: model, length, stop strings and
-/// sampling (prism's repetition controls only when on), and the constraint
-/// in the field each engine family reads: `response_format` for JSON
-/// schemas, vLLM's `guided_grammar` and `guided_regex` otherwise (prism
-/// serve reads those too).
+/// sampling (prism's repetition controls only when on).
 fn generation_fields(model: &str, options: &GenerateOptions) -> GenerationFields {
     let sampling = &options.sampling;
     let base = SamplingConfig::default();
-    let mut fields = GenerationFields {
+    GenerationFields {
         model: Some(model.to_string()),
         max_tokens: Some(options.max_tokens),
         stop: (!options.stop.is_empty()).then(|| Stop::Many(options.stop.clone())),
@@ -409,10 +437,22 @@ fn generation_fields(model: &str, options: &GenerateOptions) -> GenerationFields
         no_repeat_ngram: (sampling.no_repeat_ngram != 0).then_some(sampling.no_repeat_ngram),
         loop_guard: sampling.loop_guard.then_some(true),
         ..GenerationFields::default()
-    };
-    match &options.grammar {
-        None => {}
-        Some(Grammar::JsonSchema(schema)) => {
+    }
+}
+
+/// `grammar` in the field the chosen dialect goes in: `response_format` for
+/// JSON schemas (which every engine family reads), vLLM's `guided_grammar`
+/// and `guided_regex` (prism serve reads those too), or llama.cpp's
+/// `grammar`. A grammar with no rendering in the chosen dialect is an error
+/// rather than a run that goes unconstrained without saying so.
+fn constrain(
+    fields: &mut GenerationFields,
+    grammar: &Grammar,
+    constraint: RemoteConstraint,
+) -> std::result::Result<(), String> {
+    match (grammar, constraint) {
+        (_, RemoteConstraint::None) => {}
+        (Grammar::JsonSchema(schema), _) => {
             fields.response_format = Some(ResponseFormat::JsonSchema {
                 json_schema: JsonSchemaFormat {
                     name: Some("output".to_string()),
@@ -420,12 +460,24 @@ fn generation_fields(model: &str, options: &GenerateOptions) -> GenerationFields
                 },
             });
         }
-        Some(Grammar::Lark(lark) | Grammar::Dialects { lark, .. }) => {
-            fields.lark = Some(lark.clone())
+        (
+            Grammar::Lark(lark) | Grammar::Dialects { lark, .. },
+            RemoteConstraint::Auto | RemoteConstraint::Lark,
+        ) => fields.lark = Some(lark.clone()),
+        (Grammar::Regex(regex), RemoteConstraint::Auto | RemoteConstraint::Lark) => {
+            fields.regex = Some(regex.clone())
         }
-        Some(Grammar::Regex(regex)) => fields.regex = Some(regex.clone()),
+        (Grammar::Dialects { gbnf, .. }, RemoteConstraint::Gbnf) => {
+            fields.gbnf = Some(gbnf.clone())
+        }
+        (Grammar::Lark(_) | Grammar::Regex(_), RemoteConstraint::Gbnf) => {
+            return Err(
+                "this grammar has no GBNF rendering for remote constraint `gbnf`; choose `lark` or `none`"
+                    .to_string(),
+            )
+        }
     }
-    fields
+    Ok(())
 }
 
 /// A [`RemoteModel`] with fixed generation settings, as an [`Llm`].
@@ -495,6 +547,54 @@ impl Llm for RemoteLlm<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The request body's constraint fields for `grammar` sent as `constraint`.
+    fn sent(grammar: &Grammar, constraint: RemoteConstraint) -> Result<Vec<String>, String> {
+        let mut fields = GenerationFields::default();
+        constrain(&mut fields, grammar, constraint)?;
+        let body = serde_json::to_value(&fields).expect("fields serialize");
+        let mut names: Vec<String> = body
+            .as_object()
+            .expect("an object")
+            .keys()
+            .cloned()
+            .collect();
+        names.retain(|name| name != "stream");
+        Ok(names)
+    }
+
+    #[test]
+    fn each_dialect_goes_in_its_engines_field() {
+        let both = Grammar::Dialects {
+            lark: "start: \"a\"".into(),
+            gbnf: "root ::= \"a\"".into(),
+        };
+        assert_eq!(
+            sent(&both, RemoteConstraint::Auto),
+            Ok(vec!["guided_grammar".into()])
+        );
+        assert_eq!(
+            sent(&both, RemoteConstraint::Lark),
+            Ok(vec!["guided_grammar".into()])
+        );
+        assert_eq!(
+            sent(&both, RemoteConstraint::Gbnf),
+            Ok(vec!["grammar".into()])
+        );
+        assert_eq!(sent(&both, RemoteConstraint::None), Ok(vec![]));
+        let mut fields = GenerationFields::default();
+        constrain(&mut fields, &both, RemoteConstraint::Gbnf).unwrap();
+        assert_eq!(fields.gbnf.as_deref(), Some("root ::= \"a\""));
+
+        let lark_only = Grammar::Lark("start: \"a\"".into());
+        let refused = sent(&lark_only, RemoteConstraint::Gbnf).unwrap_err();
+        assert!(refused.contains("no GBNF rendering"), "{refused}");
+        let schema = Grammar::JsonSchema(serde_json::json!({"type": "object"}));
+        assert_eq!(
+            sent(&schema, RemoteConstraint::Gbnf),
+            Ok(vec!["response_format".into()])
+        );
+    }
 
     #[test]
     fn an_invalid_request_is_not_sent_again() {

@@ -102,6 +102,14 @@ pub struct GenerationFields {
     pub regex: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub guided_json: Option<Value>,
+    /// A grammar in llama.cpp's GBNF, under the name llama.cpp's server and
+    /// llama-cpp-python's read; prism serve does not.
+    #[serde(
+        rename = "grammar",
+        alias = "gbnf",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub gbnf: Option<String>,
     // Fields of the OpenAI API this server does not implement: refused when
     // they ask for something, rather than silently ignored.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -360,6 +368,16 @@ mod tests {
             let read: GenerationFields = serde_json::from_value(json!({ name: "g" })).unwrap();
             assert_eq!(read.lark.as_deref(), Some("g"));
         }
+    }
+
+    #[test]
+    fn a_gbnf_grammar_goes_out_under_llama_cpps_name() {
+        let fields = GenerationFields {
+            gbnf: Some("root ::= \"a\"".into()),
+            ..GenerationFields::default()
+        };
+        let sent = serde_json::to_value(&fields).unwrap();
+        assert_eq!(sent, json!({"stream": false, "grammar": "root ::= \"a\""}));
     }
 
     #[test]

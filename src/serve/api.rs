@@ -160,6 +160,9 @@ impl GenerationFields {
         if self.echo == Some(true) {
             return unsupported("echo");
         }
+        if self.gbnf.is_some() {
+            return unsupported("grammar (GBNF; send the grammar in Lark as guided_grammar)");
+        }
         Ok(())
     }
 

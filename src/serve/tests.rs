@@ -85,6 +85,9 @@ fn requests_beyond_what_the_server_does_are_refused_by_name() {
         .message
         .contains("limit of 100"));
     assert!(refused(serde_json::json!({"n": 2})).message.contains("`n`"));
+    assert!(refused(serde_json::json!({"grammar": "root ::= \"a\""}))
+        .message
+        .contains("GBNF"));
     assert!(refused(serde_json::json!({"frequency_penalty": 0.5}))
         .message
         .contains("frequency_penalty"));
