@@ -251,6 +251,58 @@ fn the_servers_cached_tokens_are_the_engines_reused_tokens() {
     }
 }
 
+/// The remote constraint names the field a grammar goes in: prism serve
+/// follows Lark sent as `guided_grammar`, and refuses llama.cpp's `grammar`
+/// by name, at the first try.
+#[test]
+fn the_remote_constraint_names_the_field_the_grammar_goes_in() {
+    use prism::engine::constraint::Grammar;
+    use prism::engine::prompt_format::PromptFormat;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = crate::constrained::char_model(dir.path());
+    // A template for the client's prompt; the server is sent token ids.
+    let config = json!({"bos_token": "<s>", "eos_token": "</s>",
+        "chat_template": "{% for message in messages %}{{ message.content }}{% endfor %}"});
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+    let source = ModelSource::HfDir {
+        dir: dir.path().to_path_buf(),
+        name: "tiny-chars".into(),
+    };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = Server::start(engine, listener, ServeOptions::default()).unwrap();
+    let base = format!("http://{}/v1", server.address());
+    let complete = |constraint: RemoteConstraint| {
+        let options = RemoteOptions {
+            base_url: base.clone(),
+            api_key: None,
+            remote_model: None,
+            api: RemoteApi::Ids,
+            constraint,
+            timeout: Duration::from_secs(120),
+            retries: 3,
+        };
+        let format = PromptFormat::load(&source).unwrap();
+        let mut remote = Backend::Remote(Box::new(RemoteModel::new(format, options)));
+        let prompt = Prompt {
+            system: None,
+            segments: vec!["ab".to_string()],
+            source: None,
+        };
+        let grammar = Grammar::Dialects {
+            lark: "start: \"abc\"\n".into(),
+            gbnf: "root ::= \"abc\"\n".into(),
+        };
+        let mut llm = remote.llm(GenerateOptions::default());
+        llm.complete(&prompt, 8, Some(&grammar))
+    };
+    assert_eq!(complete(RemoteConstraint::Lark).unwrap().text, "abc");
+    let refused = complete(RemoteConstraint::Gbnf).unwrap_err().to_string();
+    assert!(
+        refused.contains("HTTP 400") && refused.contains("GBNF") && !refused.contains("tries"),
+        "{refused}"
+    );
+}
+
 #[test]
 fn streaming_delivers_the_text_a_whole_reply_has() {
     let dir = tempfile::tempdir().unwrap();
