@@ -518,6 +518,24 @@ mod tests {
     }
 
     #[test]
+    fn the_constraint_carries_the_same_grammar_in_both_dialects() {
+        let (schema, memory) = (load("book.json"), json!({"Voyage": ["North."]}));
+        let Grammar::Dialects { lark, gbnf } = revision_constraint(&schema, &memory, true, 5)
+        else {
+            panic!("the book schema has a GBNF rendering");
+        };
+        assert_eq!(lark, revision_grammar(&schema, &memory, true, 5));
+        assert!(gbnf.starts_with("root ::= line{0,5}\n"), "{gbnf}");
+        // One rule per kind of line, the same ones in both.
+        let kinds = |text: &str, head: &str| {
+            let line = text.lines().find_map(|line| line.strip_prefix(head));
+            line.map(str::to_string)
+        };
+        assert_eq!(kinds(&lark, "line: "), kinds(&gbnf, "line ::= "));
+        assert_eq!(kinds(&lark, "line: ").as_deref(), Some("r0 | r1 | r2 | r3"));
+    }
+
+    #[test]
     fn references_are_inlined() {
         let grammar = revision_grammar(&load("code.json"), &json!({}), true, 2);
         assert!(
