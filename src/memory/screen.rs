@@ -237,14 +237,23 @@ impl Screen {
     /// An `update` is not compared with the value it replaces: rewriting a
     /// list with its old items plus a new one is how the model merges.
     pub fn screen(&self, memory: &Value, revision: &Revision) -> Screened {
-        if let Some(key) = self.echoed_new_key(memory, revision) {
-            return Screened {
-                kept: None,
-                dropped: vec![Dropped {
-                    text: key,
-                    why: Redundancy::Echo,
-                }],
+        if let Some((key, siblings)) = new_key(memory, revision) {
+            let why = if self.is_echo(&words(key)) {
+                Some(Redundancy::Echo)
+            } else if siblings.keys().any(|sibling| same_name(sibling, key)) {
+                Some(Redundancy::Duplicate)
+            } else {
+                None
             };
+            if let Some(why) = why {
+                return Screened {
+                    kept: None,
+                    dropped: vec![Dropped {
+                        text: key.clone(),
+                        why,
+                    }],
+                };
+            }
         }
         let mut existing = Vec::new();
         let replaced = (revision.op == Op::Update).then(|| revision.path.segments());
@@ -395,24 +404,6 @@ impl Screen {
         Screened { kept, dropped }
     }
 
-    /// The first key on `revision`'s path that `memory` does not have yet,
-    /// when it copies the reference (see [`Screen::is_echo`]).
-    fn echoed_new_key(&self, memory: &Value, revision: &Revision) -> Option<String> {
-        let mut at = Some(memory);
-        for segment in revision.path.segments() {
-            let next = match (at, segment) {
-                (Some(Value::Object(members)), Segment::Key(key)) => members.get(key),
-                (Some(Value::Array(items)), Segment::Index(index)) => items.get(*index),
-                _ => None,
-            };
-            if let (None, Segment::Key(key)) = (next, segment) {
-                return self.is_echo(&words(key)).then(|| key.clone());
-            }
-            at = next;
-        }
-        None
-    }
-
     /// Whether `text` copies the reference, whole or in one of its sentences:
     /// a note that opens with a worked example's sentence and goes on in its
     /// own words is still a copy.
@@ -467,6 +458,48 @@ fn names(text: &str) -> Vec<String> {
 }
 
 /// Whether `candidate` says what one of `seen` already says.
+/// The first key on `revision`'s path that `memory` does not have yet, and
+/// the members of the object it would join.
+fn new_key<'a>(
+    memory: &'a Value,
+    revision: &'a Revision,
+) -> Option<(&'a String, &'a serde_json::Map<String, Value>)> {
+    let mut at = Some(memory);
+    for segment in revision.path.segments() {
+        let next = match (at, segment) {
+            (Some(Value::Object(members)), Segment::Key(key)) => match members.get(key) {
+                None => return Some((key, members)),
+                found => found,
+            },
+            (Some(Value::Array(items)), Segment::Index(index)) => items.get(*index),
+            _ => None,
+        };
+        at = next;
+    }
+    None
+}
+
+/// Whether two keys spell one name: a greedy model that has noted "Tomas
+/// Reddick" goes on to note "Tomas ReddICK", "Tomas Reddicks" and "Tomas
+/// Redddicks", each a new person to the memory. Compared without case,
+/// without what is not a letter, with doubled letters as one and without a
+/// plural's "s".
+fn same_name(a: &str, b: &str) -> bool {
+    fn spelling(key: &str) -> String {
+        let mut letters: Vec<char> = key
+            .chars()
+            .filter(|c| c.is_alphabetic())
+            .flat_map(char::to_lowercase)
+            .collect();
+        letters.dedup();
+        if letters.len() > 3 && letters.last() == Some(&'s') {
+            letters.pop();
+        }
+        letters.into_iter().collect()
+    }
+    a != b && spelling(a) == spelling(b)
+}
+
 fn is_duplicate(candidate: &[String], seen: &[Vec<String>]) -> bool {
     if candidate.is_empty() {
         return false;
@@ -742,6 +775,34 @@ mod tests {
             .screen(&json!({"people": {}}), &one_word)
             .kept
             .is_some());
+    }
+
+    #[test]
+    fn a_person_respelt_is_a_duplicate_and_a_new_person_is_not() {
+        let memory = json!({"people": {"Tomas Reddick": ["the assistant keeper"]}});
+        for respelt in [
+            "Tomas ReddICK",
+            "Tomas Reddicks",
+            "Tomas Redddicks",
+            "tomas  reddick",
+        ] {
+            let path = format!("$.people.'{respelt}'");
+            let out = screen().screen(&memory, &rev(Op::Add, &path, json!(["Keeps the light."])));
+            assert_eq!(out.kept, None, "{respelt}");
+            assert_eq!(
+                out.dropped,
+                vec![Dropped {
+                    text: respelt.into(),
+                    why: Redundancy::Duplicate
+                }]
+            );
+        }
+        let other = rev(
+            Op::Add,
+            "$.people.'Tomas Reddy'",
+            json!(["Keeps the light."]),
+        );
+        assert!(screen().screen(&memory, &other).kept.is_some());
     }
 
     #[test]
