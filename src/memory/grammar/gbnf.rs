@@ -24,9 +24,11 @@ object ::= "{" (string ": " value (", " string ": " value)*)? "}"
 "#;
 
 /// A GBNF grammar for up to `max_lines` revision lines, accepting what
-/// [`super::revision_grammar`] accepts with one exception: a key beyond
-/// an object's declared properties may repeat a declared one, which GBNF,
-/// having no negation, cannot forbid (applying the revision still checks it).
+/// [`super::revision_grammar`] accepts with two exceptions, both checked
+/// again when the revision is applied: a key beyond an object's declared
+/// properties may repeat a declared one, which GBNF, having no negation,
+/// cannot forbid; and a value the schema lists (`enum`) is taken as listed,
+/// without the bounds of its type.
 pub(super) fn revision_grammar(lines: &RevisionLines, max_lines: usize) -> Result<String> {
     if lines.is_empty() {
         return Ok("root ::= \"\"\n".to_string());
@@ -479,6 +481,24 @@ mod tests {
             (line("add", "$.'On'", "true"), false),
             (line("add", "$.'seven_x'", "false"), false),
             (line("add", "$.'on'", "1"), false),
+        ];
+        let cases: Vec<(&str, bool)> = cases
+            .iter()
+            .map(|(text, ok)| (text.as_str(), *ok))
+            .collect();
+        assert_both(&schema, &json!({}), false, &cases);
+    }
+
+    #[test]
+    fn listed_values_are_the_only_ones_either_takes() {
+        let schema = Schema::from_value(&json!({
+            "type": "object",
+            "additionalProperties": {"type": "string", "enum": ["yes", "no"]},
+        }))
+        .unwrap();
+        let cases = [
+            (line("add", "$.'Open'", "\"yes\""), true),
+            (line("add", "$.'Open'", "\"maybe\""), false),
         ];
         let cases: Vec<(&str, bool)> = cases
             .iter()
