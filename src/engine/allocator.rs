@@ -1,11 +1,4 @@
 //! How the process's allocator treats the engine's large, short-lived buffers.
-//!
-//! A forward pass over a prompt allocates and frees tensors of tens of
-//! megabytes for every layer. glibc serves each with a fresh `mmap` and
-//! returns it with `munmap`, so every pass faults in and zeroes the same
-//! memory again; on the virtual machines measured here that took a third of
-//! a Qwen-1.5B prompt's time. Keeping such buffers in the heap, and freed
-//! memory in the process up to a bound, lets the next layer reuse them.
 
 /// The largest buffer glibc's `mallopt` lets the heap serve (half its
 /// 64 MiB heap size on 64-bit systems); larger ones are still mapped.

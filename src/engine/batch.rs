@@ -1,22 +1,5 @@
-//! Forward passes of several engines on one model, with their decode steps
-//! batched.
-//!
-//! A decode step reads every weight of the model to produce one token; on a
-//! CPU that read is the cost. Engines made by [`Engine::sibling`] share one
-//! model and hand each forward pass to a single worker thread, which runs
-//! every decode step waiting at that moment as one batched pass
-//! ([`Transformer::forward_together`]). A prompt is encoded a batch of
-//! tokens at a time, and the decode steps waiting at each batch share its
-//! pass, so that the other sequences keep generating while a long prompt is
-//! encoded instead of stalling until it ends. A decode step may carry
-//! drafted tokens ([`super::Engine::set_draft_tokens`]), whose rows come
-//! back with its own. Each engine keeps its own caches, sampling,
-//! constraints and accounting; only the weights' read is shared. On a CPU,
-//! a small model's passes of many decode steps are shared out by thread
-//! instead, each thread running its own sequences' steps through the whole
-//! model ([`Shares`]).
-//!
-//! [`Engine::sibling`]: super::Engine::sibling
+//! Forward passes of sibling engines ([`Engine::sibling`](super::Engine::sibling))
+//! on one model, the decode steps waiting at a moment run as one batched pass.
 
 use super::device;
 use super::kv_cache::KvCache;

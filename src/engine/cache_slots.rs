@@ -1,14 +1,5 @@
 //! Several cached token sequences, and the choice of which one a new prompt
 //! continues.
-//!
-//! With one slot (the default) the engine keeps only its last sequence, so a
-//! method that alternates two kinds of prompt (refine against the document,
-//! then answer questions from the summary) recomputes the document each time.
-//! With more slots the prompt goes to the slot sharing its longest prefix.
-//! When continuing that slot would throw away most of what it holds, the
-//! shared prefix is copied into another slot (an empty one, else the least
-//! recently used) and the prompt continues there, so the long sequence stays
-//! for the prompt that comes back to it.
 
 use super::kv_cache::KvCache;
 use crate::error::Result;

@@ -1,6 +1,5 @@
-//! The decoding loop: pick a token (under the grammar, if any), append it,
-//! and watch the text for the reasons to stop early (a stop string, a line
-//! the caller refuses, a repeat the loop guard sees).
+//! The decoding loop: pick a token (under the grammar, if any), append it, and stop
+//! early at a stop string, a line the caller refuses, or a repeat the loop guard sees.
 
 use super::constraint::Constraint;
 use super::model::Pass;

@@ -1,11 +1,5 @@
 //! The KV cache: per-layer keys and values for a token sequence, which knows the
 //! token ids it holds so that a new prompt can reuse the longest common prefix.
-//!
-//! Storage is preallocated per layer as `(1, kv_heads, capacity, head_dim)` and
-//! written in place; capacity doubles when needed, so appending a token never
-//! copies the whole cache. Truncating only moves the length back. Each head's
-//! positions are contiguous rows, so attention multiplies straight out of the
-//! cache without copying it.
 
 use crate::error::{CandleContext, Result};
 use candle_core::{DType, Device, Tensor};
@@ -284,6 +278,12 @@ struct LayerCache {
 }
 
 /// The KV state of one token sequence across all layers.
+///
+/// Each layer's storage is preallocated as `(1, kv_heads, capacity, head_dim)`
+/// and written in place; capacity doubles when needed, so appending a token
+/// never copies the whole cache, and truncating only moves the length back.
+/// Each head's positions are contiguous rows, so attention multiplies straight
+/// out of the cache without copying it.
 #[derive(Debug, Clone)]
 pub struct KvCache {
     layers: Vec<Option<LayerCache>>,

@@ -1,10 +1,5 @@
-//! The engine: a model, its tokenizer and KV caches that survive across calls.
-//!
-//! Before each prompt the engine finds the longest common token prefix between
-//! the prompt and the token sequences whose keys and values it holds (earlier
-//! prompts plus what was generated after them; one sequence unless
-//! [`Engine::set_cache_slots`] allows more), keeps that part of the cache and
-//! computes only the rest. Every call reports what it cost as a [`Usage`].
+//! The engine: a model, its tokenizer and KV caches that survive across calls, so
+//! each prompt computes only what follows its longest cached token prefix.
 
 pub mod allocator;
 mod batch;

@@ -1,13 +1,5 @@
 //! Perplexity of a text under the model, measured as llama.cpp's
-//! `llama-perplexity` measures it, so the two can be compared on one GGUF
-//! file: a check that prism computes what the file means.
-//!
-//! The text is tokenized whole (with BOS first when the model expects one)
-//! and cut into windows of `context` tokens, one every `stride` tokens. Each
-//! window is evaluated from an empty cache, with its first token replaced by
-//! BOS when the model uses one, and only the second half of it is scored: the
-//! tokens after position `context / 2`, each predicted from at least half a
-//! window of context.
+//! `llama-perplexity` measures it, to check that prism computes what a GGUF file means.
 
 use super::Engine;
 use crate::error::{Error, Result};
@@ -94,6 +86,13 @@ impl Windows {
 impl Engine {
     /// The perplexity of `text` over `windows`; `progress` hears the window
     /// number and the running perplexity after each window.
+    ///
+    /// As `llama-perplexity` does it: the text is tokenized whole (BOS first
+    /// when the model expects one) and cut into windows of `context` tokens,
+    /// one every `stride`. Each window is evaluated from an empty cache, its
+    /// first token replaced by BOS when the model uses one, and only the
+    /// tokens after position `context / 2` are scored, so each is predicted
+    /// from at least half a window of context.
     pub fn perplexity(
         &mut self,
         text: &str,

@@ -1,6 +1,5 @@
-//! Work spread over candle's thread pool, the one its matmuls run on: one
-//! item per thread, ranges that threads claim as they finish, and outputs
-//! written chunk by chunk.
+//! Work spread over candle's thread pool, the one its matmuls run on: one item per
+//! thread, ranges claimed as threads finish, and outputs written chunk by chunk.
 
 use std::cell::Cell;
 use std::mem::MaybeUninit;

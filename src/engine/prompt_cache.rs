@@ -1,16 +1,5 @@
-//! A KV cache on disk, so that a prefix encoded by one process is not
-//! encoded again by the next: a resumed run, or a second run with the same
-//! instructions, restores it instead.
-//!
-//! Each entry is one safetensors file holding the keys and values of a token
-//! sequence, every layer. An index beside them lists each entry's token ids,
-//! size, sha256 and when it was last used. Entries live under a directory
-//! named by the model's sha256, and every file also names its model and its
-//! tokens in its own metadata, so a file from another model or another
-//! sequence is refused even when it sits in the wrong place. A file whose
-//! bytes no longer match the index's sha256 is refused too, deleted and
-//! computed afresh. The total stays within a byte budget; the entries used
-//! least recently go first.
+//! A KV cache on disk, so that a prefix one process encoded is restored by the
+//! next (a resumed run, a run with the same instructions) instead of encoded again.
 
 use super::kv_cache::{common_prefix, KvCache, KvDtype};
 use crate::error::{Error, Result};

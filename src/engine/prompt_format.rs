@@ -1,6 +1,5 @@
-//! A model's text side: its tokenizer, chat template and context length,
-//! which are all it takes to turn a prompt into token ids. A remote backend
-//! needs them without the weights; the engine holds one beside its model.
+//! A model's text side (tokenizer, chat template, context length): all it takes to
+//! turn a prompt into token ids, so a remote backend needs no weights.
 
 use super::chat::{ChatMessage, ChatTemplate};
 use super::model::Config;

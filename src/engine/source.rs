@@ -1,6 +1,5 @@
-//! What a model is loaded from: one GGUF file, or a Hugging Face style
-//! directory. Which file a model name means, and fetching it, is the job of
-//! the `models` module, above the engine.
+//! What a model is loaded from: one GGUF file, or a Hugging Face style directory
+//! (which file a model name means is the job of `models`, above the engine).
 
 use std::fs::File;
 use std::io::{self, Read, Write};

@@ -1,19 +1,5 @@
 //! Choosing the next token from logits: greedy, or seeded sampling with
 //! temperature, top-k and top-p, after the repetition controls.
-//!
-//! The repetition controls are pure functions over token ids, so each can be
-//! checked by hand:
-//!
-//! - the repeat penalty scales the logits of recently seen tokens;
-//! - [`dry_penalties`] ("don't repeat yourself", as llama.cpp's `--dry-*`)
-//!   lowers the logit of a token that would extend a sequence already in the
-//!   context, more the longer the sequence;
-//! - [`ngram_bans`] forbids a token that would complete an n-gram already
-//!   generated, [`CopySource`] one that would copy a run of n tokens from a
-//!   source text (the chunk being summarized), and [`apply_bans`] skips a
-//!   ban when it would forbid every token a grammar still allows;
-//! - [`repeated_unit`] is the loop guard's test: the engine ends a generation
-//!   whose latest line or sentence repeats an earlier one.
 
 use crate::error::{CandleContext, Result};
 use candle_core::{Device, Tensor};

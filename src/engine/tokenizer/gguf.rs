@@ -1,9 +1,4 @@
 //! A tokenizer from the `tokenizer.ggml.*` metadata of a GGUF file.
-//!
-//! GGUF files carry no pre-tokenizer description, only a name (`tokenizer.ggml.pre`). The
-//! rules behind each name live in llama.cpp (`src/llama-vocab.cpp`); `PRE_TOKENIZERS`
-//! restates the ones prism supports, and every other name is refused rather than guessed,
-//! because a wrong split silently changes every prompt's token ids.
 
 use std::collections::HashMap;
 
@@ -54,6 +49,11 @@ pub(super) struct PreTokenizerRule {
 
 /// The pre-tokenizers prism supports. NFC is not applied for any of them: llama.cpp does not
 /// normalize byte-level BPE input even where the Hugging Face tokenizer.json (Qwen2) does.
+///
+/// A GGUF file carries no pre-tokenizer description, only a name (`tokenizer.ggml.pre`);
+/// the rules behind each name live in llama.cpp (`src/llama-vocab.cpp`) and are restated
+/// here. Any other name is refused rather than guessed, because a wrong split silently
+/// changes every prompt's token ids.
 pub(super) const PRE_TOKENIZERS: &[PreTokenizerRule] = &[
     PreTokenizerRule {
         // SmolLM/SmolLM2. The Hugging Face tokenizer.json says Digits(individual) then
