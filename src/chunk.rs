@@ -1,30 +1,5 @@
 //! Splits a document into consecutive chunks that each fit a token budget, as
 //! counted by the caller's tokenizer.
-//!
-//! Chunks are exact slices of the document: every byte, separators included,
-//! lands in exactly one chunk, so concatenating the chunk texts in order gives the
-//! document back. A chunk boundary follows whitespace (which stays at the end of
-//! the chunk before it) or a full-width sentence end (。！？), except inside a
-//! single word too long for the budget, which is cut between two characters.
-//!
-//! How it works:
-//!
-//! 1. The document is cut into *units* at the coarsest boundary that keeps each unit
-//!    within the budget: files (the headers [`FILE_HEADER`] opens when several
-//!    files are read as one document), then paragraphs (blank lines), then
-//!    sentence ends, then whitespace, then characters. Only a unit that is too large is cut finer, so a
-//!    book becomes mostly whole paragraphs with a few oversized ones in pieces.
-//! 2. Units are packed greedily: a chunk takes as many following units as fit.
-//!    A paragraph that fits the budget is never split, so a chunk ends early when
-//!    the next paragraph would not fit into what is left of it.
-//!    Tokenizers are not additive (BPE merges across a join, and a word costs
-//!    differently after a space than at the start), so the sum of the unit counts
-//!    is only a first guess; whether a chunk fits is always decided by counting
-//!    its exact text. Each chunk costs a handful of counts of about its own size
-//!    (guess, then double or bisect), never a count of the whole prefix.
-//!
-//! A chunk can exceed the budget only when it is one character that alone counts
-//! more than the budget.
 
 use serde::{Deserialize, Serialize};
 
@@ -56,6 +31,30 @@ impl Chunk {
 ///
 /// An empty `text` gives no chunks. `chunk_tokens` must be at least 1; checking it
 /// against the model's context (with room for the prompt around it) is the caller's job.
+///
+/// Chunks are exact slices of the document: every byte, separators included,
+/// lands in exactly one chunk, so concatenating the chunk texts in order gives the
+/// document back. A chunk boundary follows whitespace (which stays at the end of
+/// the chunk before it) or a full-width sentence end (。！？), except inside a
+/// single word too long for the budget, which is cut between two characters.
+///
+/// 1. The document is cut into *units* at the coarsest boundary that keeps each unit
+///    within the budget: files (the headers [`FILE_HEADER`] opens when several
+///    files are read as one document), then paragraphs (blank lines), then
+///    sentence ends, then whitespace, then characters. Only a unit that is too large
+///    is cut finer, so a book becomes mostly whole paragraphs with a few oversized
+///    ones in pieces.
+/// 2. Units are packed greedily: a chunk takes as many following units as fit.
+///    A paragraph that fits the budget is never split, so a chunk ends early when
+///    the next paragraph would not fit into what is left of it.
+///    Tokenizers are not additive (BPE merges across a join, and a word costs
+///    differently after a space than at the start), so the sum of the unit counts
+///    is only a first guess; whether a chunk fits is always decided by counting
+///    its exact text. Each chunk costs a handful of counts of about its own size
+///    (guess, then double or bisect), never a count of the whole prefix.
+///
+/// A chunk can exceed the budget only when it is one character that alone counts
+/// more than the budget.
 pub fn split(
     text: &str,
     chunk_tokens: usize,

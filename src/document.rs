@@ -1,10 +1,5 @@
 //! Reads the text file to be summarized into one normalized `String`, refusing
 //! anything that is not readable UTF-8 prose with a one-line error naming the path.
-//!
-//! Normalization is deliberately small: a leading UTF-8 byte-order mark is dropped
-//! and CRLF line ends become LF. Everything else, including lone `\r`, tabs and
-//! leading or trailing blank lines, is kept byte for byte, so chunk offsets map back
-//! onto the file as the user sees it (shifted only by the BOM and the removed `\r`s).
 
 use std::fs;
 use std::io::Read;
@@ -156,6 +151,10 @@ fn collect_tree(root: &Path, dir: &Path, files: &mut Vec<(PathBuf, String, bool)
 }
 
 /// Read the document at `path` as UTF-8 text, without a BOM and with LF line ends.
+///
+/// That is all the normalization: everything else, including lone `\r`, tabs and
+/// leading or trailing blank lines, is kept byte for byte, so chunk offsets map back
+/// onto the file as the user sees it (shifted only by the BOM and the removed `\r`s).
 ///
 /// Fails, naming the path, when the file is missing, is a directory or not a
 /// regular file, is larger than `max_bytes`, is empty or

@@ -1,22 +1,4 @@
 //! Splits a summary into the sentences a coherence judge looks at one by one.
-//!
-//! The text is first cut into blocks: a blank line, a heading (`# …`) or a
-//! list item (`- …`, `* …`, `• …`, `1. …`, `2) …`) always starts a new block.
-//! A single line break inside a paragraph joins the lines with a space unless
-//! the line before ends in `:`, or is short and unpunctuated while the next
-//! starts with a capital (a title above its text); long lines that stop
-//! mid-sentence are taken as hard-wrapped prose.
-//!
-//! Inside a block a sentence ends at `.`, `?`, `!`, `…` or a run of them
-//! (`...`, `?!`), together with any closing quotes and brackets right after
-//! (`He left.” She …` ends after `”`), when whitespace and then a capital, a
-//! digit or an opening quote or bracket follow. So decimals (`3.5`), dotted
-//! names (`example.com`) and lowercase continuations (`He waited... and
-//! waited`) never split. After a known abbreviation (`Mr.`, `Dr.`, `St.`,
-//! `etc.`, `e.g.`, `U.S.`) or an initial (`J. R. R. Tolkien`), the period
-//! ends the sentence only when the next word is one that commonly opens a
-//! sentence (`He`, `The`, `Then` …); after `No.`, `p.` and the like only when
-//! no number follows. The ideographic `。！？` end a sentence wherever they are.
 
 /// Lines at least this long that stop without punctuation are taken as
 /// hard-wrapped prose, and joined with the next line.
@@ -96,6 +78,24 @@ const SENTENCE_OPENERS: &[&str] = &[
 /// The sentences of `text`, trimmed, with runs of whitespace made single
 /// spaces and list markers removed. Pieces with no letter or digit (rules
 /// such as `---`) are dropped.
+///
+/// The text is first cut into blocks: a blank line, a heading (`# …`) or a
+/// list item (`- …`, `* …`, `• …`, `1. …`, `2) …`) always starts a new block.
+/// A single line break inside a paragraph joins the lines with a space unless
+/// the line before ends in `:`, or is short and unpunctuated while the next
+/// starts with a capital (a title above its text); long lines that stop
+/// mid-sentence are taken as hard-wrapped prose.
+///
+/// Inside a block a sentence ends at `.`, `?`, `!`, `…` or a run of them
+/// (`...`, `?!`), together with any closing quotes and brackets right after
+/// (`He left.” She …` ends after `”`), when whitespace and then a capital, a
+/// digit or an opening quote or bracket follow. So decimals (`3.5`), dotted
+/// names (`example.com`) and lowercase continuations (`He waited... and
+/// waited`) never split. After a known abbreviation (`Mr.`, `Dr.`, `St.`,
+/// `etc.`, `e.g.`, `U.S.`) or an initial (`J. R. R. Tolkien`), the period
+/// ends the sentence only when the next word is one that commonly opens a
+/// sentence (`He`, `The`, `Then` …); after `No.`, `p.` and the like only when
+/// no number follows. The ideographic `。！？` end a sentence wherever they are.
 pub fn split_sentences(text: &str) -> Vec<String> {
     let mut sentences = Vec::new();
     for block in blocks(text) {

@@ -1,17 +1,5 @@
-//! Structured memory: a JSON value shaped by a schema, which the model changes
-//! only through small checked revisions.
-//!
-//! - [`schema`] loads a schema from `schemas/*.json`, checks values against it
-//!   and describes it for the prompt.
-//! - [`path`] parses and prints the paths revisions point at.
-//! - [`revision`] applies one revision to a memory, or says why not.
-//! - [`render`] turns a memory (in place, or as amendments) into prompt text.
-//! - [`parse`] reads revisions out of raw model output.
-//! - [`screen`] takes out of a revision what the memory already holds or
-//!   what copies the prompt.
-//! - [`shipped`] holds the schemas of `schemas/`, compiled in.
-//!
-//! Nothing here does I/O apart from [`Schema::from_file`].
+//! Structured memory: a JSON value shaped by a schema, which the model changes only
+//! through small checked revisions. No I/O apart from [`Schema::from_file`].
 
 pub mod grammar;
 pub mod parse;

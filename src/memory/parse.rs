@@ -1,32 +1,5 @@
-//! Reading revisions, or a whole memory, out of raw model output, tolerating
-//! the usual mess.
-//!
-//! The form models are asked for is one JSON object per line:
-//!
-//! ```text
-//! {"op": "add", "path": "$.attributes.'Noise Level'", "value": ["quiet"]}
-//! {"op": "update", "path": "$.attributes.Food", "value": ["good dinner"]}
-//! ```
-//!
-//! `op` is `add` or `update` (any case; `append` reads as add and `replace` or
-//! `set` as update), `path` is a [`JsonPath`] in any spelling it accepts, and
-//! `value` is any JSON value. Also read:
-//!
-//! - `{"add": {"$.path": value, …}}` and `{"update": {"$.path": value, …}}`;
-//! - the PRISM paper's `{"$.path": {"add": value}}` / `{"$.path": {"update": value}}`;
-//! - a JSON list of any of these, objects spread over several lines, and
-//!   several objects on one line;
-//! - `{}` or `[]` for "nothing to change".
-//!
-//! Code fences are dropped, and so are lines of prose (lines with no `{` or
-//! `[`, or whose brackets do not start JSON and hold no `"` or `{`). Anything
-//! that looks like an attempt at JSON but is not a revision comes back as an
-//! `Err` quoting the text and saying why, one per attempt, for the caller to
-//! count.
-//!
-//! [`parse_memory`] reads the first JSON object of the output instead, for
-//! methods that have the model write the whole memory out. Nothing here
-//! consults the schema.
+//! Reading revisions, or a whole memory, out of raw model output, tolerating the
+//! usual mess. Nothing here consults the schema.
 
 use serde_json::{Map, Value};
 
@@ -38,6 +11,29 @@ const QUOTE_CHARS: usize = 160;
 
 /// Every revision found in `output`, in order, with an `Err` for each
 /// JSON-looking piece that is not one. Never panics.
+///
+/// The form models are asked for is one JSON object per line:
+///
+/// ```text
+/// {"op": "add", "path": "$.attributes.'Noise Level'", "value": ["quiet"]}
+/// {"op": "update", "path": "$.attributes.Food", "value": ["good dinner"]}
+/// ```
+///
+/// `op` is `add` or `update` (any case; `append` reads as add and `replace` or
+/// `set` as update), `path` is a [`JsonPath`] in any spelling it accepts, and
+/// `value` is any JSON value. Also read:
+///
+/// - `{"add": {"$.path": value, …}}` and `{"update": {"$.path": value, …}}`;
+/// - the PRISM paper's `{"$.path": {"add": value}}` / `{"$.path": {"update": value}}`;
+/// - a JSON list of any of these, objects spread over several lines, and
+///   several objects on one line;
+/// - `{}` or `[]` for "nothing to change".
+///
+/// Code fences are dropped, and so are lines of prose (lines with no `{` or
+/// `[`, or whose brackets do not start JSON and hold no `"` or `{`). Anything
+/// that looks like an attempt at JSON but is not a revision comes back as an
+/// `Err` quoting the text and saying why, one per attempt, for the caller to
+/// count.
 pub fn parse_revisions(output: &str) -> Vec<Result<Revision, String>> {
     let text: String = output
         .lines()

@@ -1,21 +1,5 @@
-//! Paths into a memory: parsing the JSONPath-like form models write, and
-//! printing one canonical form back.
-//!
-//! A path starts at the root `$` and descends one segment at a time:
-//!
-//! ```text
-//! $.attributes.'Noise Level'[0]
-//! ```
-//!
-//! - `.key` for keys that are plain identifiers (`[A-Za-z_][A-Za-z0-9_]*`);
-//! - `.'any key'` for every other key, with `\'` and `\\` escaped inside;
-//! - `[3]` for a list index.
-//!
-//! That is what [`JsonPath`]'s `Display` prints, and parsing it gives the same
-//! path back. Parsing also accepts what models tend to write instead:
-//! `["key"]` and `['key']`, `."key"`, whitespace around segments
-//! (`$. 'a'. 'b'`), a bare key with spaces (`$.attributes.Noise Level`, up to
-//! the next `.` or `[`), and a missing leading `$`.
+//! Paths into a memory: parsing the JSONPath-like form models write, and printing
+//! one canonical form back.
 
 use std::fmt;
 use std::str::FromStr;
@@ -28,6 +12,19 @@ pub enum Segment {
 }
 
 /// A location in a memory, from the root down.
+///
+/// A path starts at the root `$` and descends one segment at a time:
+///
+/// ```text
+/// $.attributes.'Noise Level'[0]
+/// ```
+///
+/// - `.key` for keys that are plain identifiers (`[A-Za-z_][A-Za-z0-9_]*`);
+/// - `.'any key'` for every other key, with `\'` and `\\` escaped inside;
+/// - `[3]` for a list index.
+///
+/// That is what `Display` prints, and parsing it gives the same path back.
+/// [`JsonPath::parse`] also accepts what models tend to write instead.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct JsonPath {
     segments: Vec<Segment>,
@@ -65,7 +62,10 @@ impl JsonPath {
         JsonPath { segments }
     }
 
-    /// Parse any of the accepted spellings (see the module docs).
+    /// Parse the canonical form or what models tend to write instead:
+    /// `["key"]` and `['key']`, `."key"`, whitespace around segments
+    /// (`$. 'a'. 'b'`), a bare key with spaces (`$.attributes.Noise Level`, up
+    /// to the next `.` or `[`), and a missing leading `$`.
     pub fn parse(input: &str) -> Result<Self, PathError> {
         Parser::new(input).parse()
     }

@@ -1,14 +1,5 @@
-//! Memory as prompt text: the same memory always renders to the same bytes,
-//! because the engine reuses its KV cache only up to the first changed token.
-//!
-//! Keys appear in the memory's own order, which [`apply`] keeps
-//! as insertion order: a new key lands at the end of its object and an update
-//! keeps its place. Sorting would be just as deterministic, but it would put a
-//! new key in the middle and throw away the cached tokens after it.
-//!
-//! Values are written as JSON the way Python's `json.dumps` does by default
-//! (`", "` and `": "` between items, non-ASCII kept as is), the form small
-//! models have seen most. Every rendering is whole lines: it ends in `\n`.
+//! Memory as prompt text, always the same bytes for the same memory, because the
+//! engine reuses its KV cache only up to the first changed token.
 
 use std::io;
 
@@ -103,6 +94,8 @@ impl Amendments {
 
 /// Python-style separators on one line: `[1, 2]`, `{"a": 1, "b": 2}`. The
 /// methods not overridden write compactly (no newlines, no indentation).
+/// Values are written as Python's `json.dumps` writes them by default (non-ASCII
+/// kept as is too), the form small models have seen most.
 struct SpacedFormatter;
 
 impl Formatter for SpacedFormatter {

@@ -1,7 +1,5 @@
-//! Revising a memory with what a model wrote: every line is parsed, screened
-//! for what the memory already holds or what copies the prompt, checked
-//! against the schema and applied in order. What is refused is kept with its
-//! reason, so a run can count duplicates, echoes and invalid lines apart.
+//! Revising a memory with what a model wrote: each line parsed, screened, checked
+//! against the schema and applied in order, each refusal kept with its reason.
 
 use super::grammar::MAX_STRING_CHARS;
 use super::{

@@ -1,25 +1,5 @@
-//! Revisions, and the pure function that applies one to a memory after
-//! checking it against the schema.
-//!
-//! What [`apply`] accepts:
-//!
-//! - `update` at a path that exists replaces the value there. The root cannot
-//!   be replaced.
-//! - `add` at a path that does not exist creates it. The last step is a new key
-//!   of an object, or the index of a list equal to its length (an append).
-//!   Missing objects or lists *above* the new path are created empty along the
-//!   way when the schema says what they are and their empty form is valid (a
-//!   map, a list, an object with no required scalar); otherwise the revision is
-//!   refused and the parent has to be added whole first.
-//! - `add` at a path that exists is accepted in two cases models rely on: at a
-//!   list, the value is appended (a list whose every element is a valid item
-//!   is appended element by element, anything else as one item); at an object,
-//!   the value must be an object of keys the target does not have yet, which
-//!   are merged in. Anything else already there is `PathExists`.
-//!
-//! The value always has to match the schema at its path (for an append, the
-//! list's `items`). A refused revision returns a [`Rejection`] and leaves no
-//! trace: `apply` takes the memory by reference and builds a new one.
+//! Revisions, and the pure function that applies one to a memory after checking it
+//! against the schema.
 
 use std::fmt;
 
@@ -134,8 +114,25 @@ impl Rejection {
 type Refusal = (RejectionKind, String);
 
 /// Apply `revision` to `memory`, returning the new memory, or why it was
-/// refused. Pure: `memory` is never changed. See the module docs for the
-/// rules.
+/// refused. Pure: `memory` is never changed, so a refused revision leaves no
+/// trace.
+///
+/// - `update` at a path that exists replaces the value there. The root cannot
+///   be replaced.
+/// - `add` at a path that does not exist creates it. The last step is a new key
+///   of an object, or the index of a list equal to its length (an append).
+///   Missing objects or lists *above* the new path are created empty along the
+///   way when the schema says what they are and their empty form is valid (a
+///   map, a list, an object with no required scalar); otherwise the revision is
+///   refused and the parent has to be added whole first.
+/// - `add` at a path that exists is accepted in two cases models rely on: at a
+///   list, the value is appended (a list whose every element is a valid item
+///   is appended element by element, anything else as one item); at an object,
+///   the value must be an object of keys the target does not have yet, which
+///   are merged in. Anything else already there is `PathExists`.
+///
+/// The value always has to match the schema at its path (for an append, the
+/// list's `items`).
 pub fn apply(memory: &Value, revision: &Revision, schema: &Schema) -> Result<Value, Rejection> {
     let reject = |(kind, reason): Refusal| Rejection::new(kind, revision, reason);
     let path = &revision.path;

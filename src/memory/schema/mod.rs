@@ -1,24 +1,5 @@
-//! The memory schema: a small subset of JSON Schema (draft 2020-12), loaded
-//! into a tree that can check a memory, find the type at a path, and describe
-//! itself for a prompt.
-//!
-//! Supported keywords: `type` (one of `object`, `array`, `string`, `number`,
-//! `integer`, `boolean`), `properties`, `required`, `additionalProperties`
-//! (`true`, `false` or a schema), `propertyNames` with a `pattern` anchored at
-//! both ends, `items`, `enum`, `title`, `description`,
-//! `$defs` (at the root) and local references `"$ref": "#/$defs/Name"`.
-//! `$schema`, `$id`, `$comment`, `default` and `examples` are accepted and
-//! ignored. At the top level, `x-worked-example` holds an example of the task
-//! for PRISM's prompt (see [`WorkedExample`]). Any other keyword is refused with an error that names it, so a
-//! schema never silently means less than its author wrote.
-//!
-//! Choices worth knowing:
-//!
-//! - Without `type`, a node with `properties` or `additionalProperties` is an
-//!   object, one with `items` is an array, and anything else accepts any value.
-//! - A missing `additionalProperties` allows any other key with any value, as in
-//!   JSON Schema; the schemas shipped in `schemas/` always spell it out.
-//! - The memory itself (the root, after following `$ref`) must be an object.
+//! The memory schema: a small subset of JSON Schema (draft 2020-12), loaded into a
+//! tree that can check a memory, find the type at a path, and describe itself for a prompt.
 
 mod example;
 mod load;
@@ -105,6 +86,22 @@ impl fmt::Display for KeyPattern {
 }
 
 /// A loaded schema: the root node and the named definitions it refers to.
+///
+/// Supported keywords: `type` (one of `object`, `array`, `string`, `number`,
+/// `integer`, `boolean`), `properties`, `required`, `additionalProperties`
+/// (`true`, `false` or a schema), `propertyNames` with a `pattern` anchored at
+/// both ends, `items`, `enum`, `title`, `description`, `$defs` (at the root)
+/// and local references `"$ref": "#/$defs/Name"`. `$schema`, `$id`,
+/// `$comment`, `default` and `examples` are accepted and ignored. At the top
+/// level, `x-worked-example` holds an example of the task for PRISM's prompt
+/// (see [`WorkedExample`]). Any other keyword is refused with an error that
+/// names it, so a schema never silently means less than its author wrote.
+///
+/// - Without `type`, a node with `properties` or `additionalProperties` is an
+///   object, one with `items` is an array, and anything else accepts any value.
+/// - A missing `additionalProperties` allows any other key with any value, as in
+///   JSON Schema; the schemas shipped in `schemas/` always spell it out.
+/// - The memory itself (the root, after following `$ref`) must be an object.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Schema {
     root: SchemaNode,
