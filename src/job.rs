@@ -1,10 +1,5 @@
-//! One summarization job: a document split for one chunk size, a method with
-//! its settings, the sampling, and the run directory it writes. `summarize`
-//! runs one job; a `bench` sweep runs one per method and chunk size.
-//!
-//! A job's fingerprint covers everything that decides its result (document,
-//! engine, chunking, method, sampling), so `--resume` continues a run only
-//! with the settings that began it.
+//! One summarization job: a document split for one chunk size, a method with its
+//! settings, the sampling, and the run directory it writes.
 
 use crate::chunk::Chunk;
 use crate::engine::prompt_format::PromptFormat;
@@ -170,7 +165,9 @@ impl Job<'_> {
         ))
     }
 
-    /// The fingerprint of everything that decides the run's result on `engine`.
+    /// The fingerprint of everything that decides the run's result on `engine`
+    /// (document, engine, chunking, method, sampling), so `--resume` continues
+    /// a run only with the settings that began it.
     pub fn fingerprint(&self, engine: &BackendIdentity) -> String {
         fingerprint(&RunIdentity {
             document_sha256: &self.document.sha256,

@@ -1,14 +1,5 @@
-//! Memory schemas written by the model (PRISM §3.4): from a description of a
-//! query domain and one example query, a few-shot prompt built from our own
-//! hand-made schemas of other domains asks for a schema in the subset that
-//! [`Schema`] accepts. A reply that is not such a schema is sent back with the
-//! reason, a bounded number of times.
-//!
-//! Constrained, the reply is decoded under [`schema_grammar`], a JSON Schema
-//! of that subset without `$defs` (nested objects are written in place), so
-//! even a small model writes a JSON schema; the checks that a grammar cannot
-//! express (`required` naming declared keys, a memory with room to grow) are
-//! still made after.
+//! Memory schemas written by the model (PRISM §3.4) for a query domain; a reply that
+//! is not a valid schema is sent back with the reason, a bounded number of times.
 
 use crate::engine::constraint::Grammar;
 use crate::error::{Error, Result};
@@ -242,7 +233,10 @@ const MAX_DESCRIPTION_CHARS: usize = 400;
 
 /// A JSON Schema of the schemas [`Schema`] accepts, without `$defs`/`$ref`
 /// and nested at most [`GRAMMAR_DEPTH`] levels: the root is an object with a
-/// title and a description; below it, objects, lists and scalars.
+/// title and a description; below it, objects, lists and scalars. Decoding
+/// under it, even a small model writes a JSON schema; the checks a grammar
+/// cannot express (`required` naming declared keys, a memory with room to
+/// grow) are still made after.
 pub fn schema_grammar() -> Grammar {
     let description = json!({"type": "string", "maxLength": MAX_DESCRIPTION_CHARS});
     let node = |depth: usize| json!({"$ref": format!("#/$defs/node{depth}")});

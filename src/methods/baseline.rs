@@ -1,7 +1,5 @@
-//! The pieces the summarizing baselines (incremental, hierarchical, detail)
-//! share: one system turn, the prompt that summarizes one part of the
-//! document, the record of a call in `steps.jsonl`, and the test for a
-//! summary cut off mid-sentence.
+//! What the summarizing baselines share: the system turn, the prompt that summarizes
+//! one part, the `steps.jsonl` record of a call, and the test for a cut-off summary.
 
 use crate::chunk::Chunk;
 use crate::error::Result;

@@ -1,10 +1,5 @@
-//! The OpenAI cookbook's summary with controllable detail: the level of
-//! detail sets how many chunks the document is cut into, each chunk is
-//! summarized on its own (or, recursively, after the summaries of the chunks
-//! before it), and the chunk summaries joined in order are the summary.
-//!
-//! The chunk size has to be chosen before the document is split, so it comes
-//! from [`chunk_tokens`], which the caller applies when splitting.
+//! The OpenAI cookbook's summary with controllable detail: the level of detail sets
+//! the number of chunks, each summarized alone (or after those before it), joined in order.
 
 use super::baseline::{earlier_segment, part_prompt, summarize_alone, Call, EARLIER_HEADING};
 use crate::chunk::Chunk;
@@ -29,7 +24,8 @@ pub struct DetailConfig {
 /// The chunk size that cuts `document_tokens` into the number of chunks
 /// `detail` asks for: from the fewest that `largest` (the biggest chunk that
 /// fits a call) allows to the most that `smallest` allows, interpolated and
-/// rounded. Fails when `detail` is not in [0, 1].
+/// rounded. Fails when `detail` is not in [0, 1]. The chunk size has to be
+/// chosen before the document is split, so the caller applies it when splitting.
 pub fn chunk_tokens(
     document_tokens: usize,
     detail: f64,

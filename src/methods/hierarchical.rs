@@ -1,12 +1,5 @@
-//! BooookScore's hierarchical merging: summarize every chunk (level 0), then
-//! merge as many consecutive summaries as one call's context holds, level by
-//! level, until one summary is left.
-//!
-//! Summaries may grow toward the top: the top level gets the full summary
-//! budget and each level below about 0.65 of the one above it. The number of
-//! levels, and so each level's budget, is estimated once at the start. Each
-//! merge after the first of a level also sees the previous merge of that
-//! level, so the pieces of a level read as one story.
+//! BooookScore's hierarchical merging: summarize every chunk, then merge as many
+//! consecutive summaries as one call holds, level by level, until one is left.
 
 use super::baseline::{part_prompt, summarize_alone, words_for, Call, SYSTEM};
 use super::length::{target_words, to_length};
@@ -37,7 +30,9 @@ const PROMPT_ALLOWANCE: usize = 256;
 
 /// The summary budget of `level` (from 0) when `levels` levels are expected
 /// and the top one may have `top_tokens`: 0.65× per level below the top, at
-/// least 1. Levels at or above the expected top get the top budget.
+/// least 1, so summaries may grow toward the top. Levels at or above the
+/// expected top get the top budget. The levels are estimated once, at the
+/// start ([`estimated_level_sizes`]).
 pub fn level_budget(level: usize, levels: usize, top_tokens: usize) -> usize {
     let below_top = levels.saturating_sub(1).saturating_sub(level);
     let budget = top_tokens as f64 * LEVEL_RATIO.powf(below_top as f64);
@@ -279,7 +274,8 @@ impl<'a> Hierarchical<'a> {
     }
 }
 
-/// The previous merge of a level, as context for the next one.
+/// The previous merge of a level, as context for the next one, so that the
+/// pieces of a level read as one story.
 fn context_segment(summary: &str) -> String {
     format!("\n## Summary of the parts before these (context only; do not repeat it)\n{summary}\n")
 }

@@ -1,12 +1,5 @@
-//! BooookScore's incremental updating: summarize the first chunk, then fold
-//! each next chunk into the running summary. When the summary grows to its
-//! token budget or stops mid-sentence, a separate call compresses it, with a
-//! few tries of tightening length; the summary after the last chunk, brought
-//! to the target length, is the answer.
-//!
-//! The update prompt puts the fixed instructions first, then the summary so
-//! far, then the chunk; only the instructions repeat from call to call, since
-//! the summary changes every time.
+//! BooookScore's incremental updating: summarize the first chunk, then fold each
+//! next chunk into the running summary, compressing it when it outgrows its budget.
 
 use super::baseline::{ends_mid_sentence, part_prompt, words_for, Call, SYSTEM};
 use super::length::{target_words, to_length};

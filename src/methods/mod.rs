@@ -1,10 +1,5 @@
-//! Methods turn a long document into an answer through a series of model calls.
-//!
-//! They deal in text and token counts only: [`Llm`] is their view of the
-//! engine. [`drive`] runs any of them with the same ledger, run files
-//! and checkpoints, so their figures compare. [`MethodSpec`] names a method
-//! with its settings; it is what `summarize --method` and `bench --methods`
-//! build, and part of a run's identity.
+//! Methods turn a long document into an answer through a series of model calls,
+//! dealing in text and token counts only ([`Llm`] is their view of the engine).
 
 pub mod baseline;
 pub mod cok;
@@ -45,7 +40,8 @@ impl AnswerForm {
     }
 }
 
-/// A method and every setting that decides its result.
+/// A method and every setting that decides its result: what `summarize
+/// --method` and `bench --methods` build, and part of a run's identity.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "method", rename_all = "kebab-case")]
 pub enum MethodSpec {

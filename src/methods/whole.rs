@@ -1,7 +1,5 @@
-//! The whole document in one prompt, summarized by one call: the upper
-//! reference every chunked method is judged against. A document that does
-//! not fit the model's context with the answer is refused with an error
-//! naming both sizes, never cut to fit.
+//! The whole document summarized in one call: the reference every chunked method is
+//! judged against. A document that does not fit is refused, never cut.
 
 use super::baseline::{Call, SYSTEM};
 use super::length::{target_words, to_length, tokens_for};

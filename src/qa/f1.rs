@@ -1,6 +1,5 @@
-//! Correct-F1, the Chain of Summaries paper's answer score: the bag-of-words
-//! F1 between a predicted and a reference answer after both are normalized
-//! the way TriviaQA's evaluation normalizes them.
+//! Correct-F1, the Chain of Summaries paper's answer score: bag-of-words F1 between a
+//! predicted and a reference answer, both normalized as TriviaQA's evaluation does.
 
 use std::collections::HashMap;
 

@@ -1,13 +1,5 @@
-//! Question–answer pairs about a document: written by the model from a
-//! passage, answered from a summary alone, and scored with Correct-F1.
-//!
-//! Every prompt here (and in the Chain of Summaries method, which builds on
-//! these) has the same system turn, so prompts of different kinds share the
-//! chat template's head in the engine's caches. Prompts about a passage put
-//! the passage first and the request after it, so several requests about one
-//! passage reuse its KV; answer prompts put the instructions and the summary
-//! first and the question last, so every question about one summary reuses
-//! the summary's KV.
+//! Question–answer pairs about a document: written by the model from a passage,
+//! answered from a summary alone, and scored with Correct-F1.
 
 pub mod f1;
 

@@ -1,12 +1,5 @@
-//! What every method shares when it runs ([`dir`] owns the files): the ledger of model calls, one line
-//! of `steps.jsonl` per unit of work, a checkpoint after each unit so an
-//! interrupted run resumes where it stopped, and the final `summary.txt` and
-//! `stats.json`.
-//!
-//! A method is a state machine ([`Method`]): the driver ([`drive`]) asks it
-//! for one unit of work at a time until it says it is done. The method only
-//! sees an [`Llm`] that records every call in the run's ledger and refuses a
-//! prompt that would not fit the context, so no method can forget either.
+//! What every method shares when it runs: the driver that asks a [`Method`] for one
+//! unit of work at a time, the ledger, per-step lines, checkpoints and final files.
 
 pub mod dir;
 
@@ -271,7 +264,11 @@ struct Saved<S> {
 }
 
 /// Run `method` over `chunks` to the end (or to `files.stop_after`),
-/// checkpointing after every unit.
+/// checkpointing after every unit. Every method runs here with the same
+/// ledger, run files and checkpoints, so their figures compare. The method
+/// sees only an [`Llm`] that records every call in the run's ledger and
+/// refuses a prompt that would not fit the context, so no method can forget
+/// either.
 pub fn drive<M: Method>(
     method: &M,
     llm: &mut dyn Llm,

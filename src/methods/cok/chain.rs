@@ -1,13 +1,5 @@
-//! Chain-of-key updating: after each chunk the model lists the keys the
-//! memory has, names those the chunk bears on, writes an `update` revision
-//! for each, lists the new keys the chunk calls for, and writes an `add`
-//! revision for each. The program applies the revisions as PRISM does
-//! (parsed, checked against the schema, the refused ones counted); the key
-//! lists are the model's working, kept with each step but not enforced.
-//!
-//! The memory is shown in place, rewritten after every step. The paper first
-//! has the model summarize the chunk alone and then runs the chain over that
-//! summary; here the chain reads the chunk itself, one call per chunk.
+//! Chain-of-key updating: after each chunk the model lists the memory's keys, names
+//! those the chunk bears on and the new ones it calls for, and writes a revision for each.
 
 use super::{chunk_segment, memory_segments, Call, Cok, CokState, Step};
 use crate::chunk::Chunk;
@@ -68,7 +60,12 @@ pub(super) fn request(index: usize) -> String {
     )
 }
 
-/// Read `chunk` into the memory through a key chain and revisions.
+/// Read `chunk` into the memory through a key chain and revisions. The
+/// revisions are applied as PRISM's are (parsed, checked against the schema,
+/// the refused ones counted); the key lists are the model's working, kept
+/// with the step but not enforced. The paper first has the model summarize
+/// the chunk alone and runs the chain over that summary; here the chain reads
+/// the chunk itself, one call per chunk.
 pub(super) fn step(
     cok: &Cok,
     schema: &Schema,

@@ -1,13 +1,5 @@
-//! Generate-merge: the model writes a JSON memory of each chunk on its own;
-//! the program merges it into the memory by key; then the model rewrites the
-//! merged memory without repeats.
-//!
-//! The paper merges by key in code ("JSON's key-matching capability") and
-//! leaves to the model only what code cannot see: keys and notes that say the
-//! same thing in different words. So here too: [`merge_by_key`] is exact and
-//! loses nothing, and the model's pass (`dedup`) is the only lossy part. It
-//! runs after each merge that met an already filled memory, as the paper
-//! removes duplicates turn by turn; a refused pass keeps the merged memory.
+//! Generate-merge: the model writes a JSON memory of each chunk on its own, the
+//! program merges it into the memory by key, and the model rewrites it without repeats.
 
 use super::{
     chunk_segment, holds_nothing, memory_segments, settle, Call, Cok, CokState, Phase, Step,
@@ -60,6 +52,13 @@ pub(super) fn generate(
 }
 
 /// Have the model rewrite the memory without repeats.
+///
+/// The paper merges by key in code ("JSON's key-matching capability") and
+/// leaves to the model only what code cannot see: keys and notes that say the
+/// same thing in different words. So here [`merge_by_key`] is exact and loses
+/// nothing, and this pass is the only lossy part. It runs after each merge that
+/// met an already filled memory, as the paper removes duplicates turn by turn;
+/// a refused pass keeps the merged memory.
 pub(super) fn dedup(cok: &Cok, llm: &mut dyn Llm, state: &mut CokState) -> Result<Step> {
     let mut tail = memory_segments(&state.memory);
     tail.push(DEDUP_REQUEST.to_string());

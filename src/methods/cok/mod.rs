@@ -1,23 +1,5 @@
-//! The methods the Chain-of-Key paper compares
-//! (`seeds/cok-structured-incremental-summarization.txt`), as baselines. Each
-//! reads the document chunk by chunk into one memory, has the model compress
-//! the memory whenever it outgrows a token limit, and answers the query from
-//! the memory at the end:
-//!
-//! - `gu-text` and `gu-json`, generate-update ([`update`]): after each chunk
-//!   the model writes the whole memory again, as prose or as JSON;
-//! - `gm-json`, generate-merge ([`merge`]): the model writes a JSON memory of
-//!   each chunk alone, the program merges it into the memory by key, and the
-//!   model rewrites the result without repeats;
-//! - `cok`, chain-of-key ([`chain`]): the model lists the memory's keys, picks
-//!   the ones the chunk bears on, and writes revisions that the program checks
-//!   and applies as PRISM's are.
-//!
-//! Every prompt opens with the same preamble (task, query, the memory's form,
-//! what a step writes), then shows the memory, then the chunk and the request,
-//! so the engine always reuses the preamble and the memory up to its first
-//! change. Each model call is one unit of work for [`drive`](crate::run::drive),
-//! so a run can stop and resume between any two calls.
+//! The methods the Chain-of-Key paper compares, as baselines: generate-update,
+//! generate-merge and chain-of-key, each keeping one memory it compresses past a token limit.
 
 pub mod chain;
 pub mod merge;
@@ -233,7 +215,9 @@ impl<'a> Kind<'a> {
     }
 }
 
-/// One of the paper's methods over one document.
+/// One of the paper's methods over one document. Each model call is one unit
+/// of work for [`drive`](crate::run::drive), so a run can stop and resume
+/// between any two calls.
 pub struct Cok<'a> {
     variant: Variant,
     kind: Kind<'a>,

@@ -1,7 +1,5 @@
-//! Generate-update: after each chunk the model writes the whole memory again,
-//! keeping what it held and adding what the chunk tells. An output that does
-//! not read as a memory (empty prose, JSON that does not parse or validate)
-//! is refused and counted, and the memory stays as it was.
+//! Generate-update: after each chunk the model writes the whole memory again; an
+//! output that does not read as a memory is refused and counted, the memory kept.
 
 use super::{chunk_segment, memory_segments, settle, Call, Cok, CokState, Kind, Step};
 use crate::chunk::Chunk;

@@ -1,51 +1,5 @@
-//! Chain of Summaries (CoS; Brach, Košťál and Galke Poech): a first summary
-//! (the thesis) is refined round by round against questions it fails to
-//! answer (the antithesis), and the round whose summary answers held-out
-//! questions best is kept (the synthesis).
-//!
-//! The paper's loop, for a document that fits the context:
-//!
-//! 1. the model writes question–answer pairs about the document, split into
-//!    train, validation and test questions ([`split_pairs`]);
-//! 2. it writes a first summary s⁰;
-//! 3. for rounds k = 1..=i: it answers the train questions from s^(k-1)
-//!    alone; up to `iq` of those it fails (Correct-F1 below `fail_f1`) go
-//!    with the document and s^(k-1) into a refinement that writes s^k;
-//! 4. each candidate is scored on the validation questions, the best is
-//!    kept ([`select`]) and its test-question score reported.
-//!
-//! Our documents are longer than the context (8k tokens for our models), so
-//! the document is read in chunks, and each step sees one chunk at a time:
-//!
-//! - the pairs are written chunk by chunk (the requested number spread over
-//!   the chunks), and each pair remembers its chunk;
-//! - the first summary is built incrementally: each chunk's call rewrites
-//!   the summary so far to take in that chunk;
-//! - a refinement round refines against the chunk holding each selected
-//!   failed question: one call per such chunk, in document order, each
-//!   given that chunk's questions and the summary as the previous call left
-//!   it. With one chunk this is exactly the paper's round.
-//!
-//! Other choices the paper leaves open: s⁰ is a candidate too (the paper's
-//! argmax runs over s¹..sⁱ; keeping s⁰ guards against a refinement that
-//! hurts, for |validation| more answer calls). Validation F1 ties go to the
-//! shorter summary, then the earlier. Failed questions are taken in the
-//! seeded split order, those used least in earlier rounds first, which
-//! stands in for the paper's sampling without repeating one stubborn
-//! question every round. A round with no failed train question ends the
-//! refinement early. The split is 50/25/25 % (train/validation/test), with
-//! at least one train, then validation, then test question as they come.
-//!
-//! Cache layout: every prompt has the same system turn. Prompts about a
-//! chunk (pairs, first summary, refinement) put the chunk first and what
-//! is asked after it, so all of them reuse the chunk's KV; answer prompts
-//! put the instructions and summary first, so each question after the first
-//! about one summary costs only its own tokens. The answer calls between
-//! two refinements would push the chunk out of a single cache; with two or
-//! more engine cache slots it survives in its own slot (the engine protects
-//! the sequence it used last and continues a stale one instead).
-//! `stats.json` reports `refine_prompt_tokens` and `refine_reused_tokens` to
-//! show what that saves.
+//! Chain of Summaries (CoS; Brach, Košťál and Galke Poech): a first summary refined
+//! round by round against questions it fails, keeping the best on held-out questions.
 
 mod questions;
 
@@ -201,6 +155,32 @@ enum Action {
 }
 
 /// The Chain of Summaries loop over one document.
+///
+/// The paper's loop, for a document that fits the context:
+///
+/// 1. the model writes question–answer pairs about the document, split into
+///    train, validation and test questions ([`split_pairs`]);
+/// 2. it writes a first summary s⁰ (the thesis);
+/// 3. for rounds k = 1..=i: it answers the train questions from s^(k-1)
+///    alone; up to `iq` of those it fails (Correct-F1 below `fail_f1`, the
+///    antithesis) go with the document and s^(k-1) into a refinement that
+///    writes s^k;
+/// 4. each candidate is scored on the validation questions, the best is
+///    kept ([`select`], the synthesis) and its test-question score reported.
+///
+/// Our documents are longer than the context, so each step sees one chunk at
+/// a time:
+///
+/// - the pairs are written chunk by chunk (the requested number spread over
+///   the chunks), and each pair remembers its chunk;
+/// - the first summary is built incrementally: each chunk's call rewrites
+///   the summary so far to take in that chunk;
+/// - a refinement round refines against the chunk holding each selected
+///   failed question: one call per such chunk, in document order, each
+///   given that chunk's questions and the summary as the previous call left
+///   it. With one chunk this is exactly the paper's round.
+///
+/// A round with no failed train question ends the refinement early.
 pub struct Cos<'a> {
     config: &'a CosConfig,
 }

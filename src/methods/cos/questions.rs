@@ -1,6 +1,5 @@
-//! Chain of Summaries' questions: how they are split into train, validation
-//! and test sets, which failed ones a round refines with, and which candidate
-//! the validation scores keep.
+//! Chain of Summaries' questions: the train, validation and test split, the failed
+//! ones a round refines with, and the candidate the validation scores keep.
 
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
@@ -72,6 +71,10 @@ fn shuffle(items: &mut [usize], seed: u64) {
 /// The candidate to keep, given each one's mean validation F1 and length in
 /// tokens: the best score (no score ranks below any), ties to the shorter,
 /// then to the earlier. `None` only when there are no candidates.
+///
+/// The first summary s⁰ is a candidate too, where the paper's argmax runs
+/// over s¹..sⁱ: keeping it guards against a refinement that hurts, for
+/// one more round of validation answers.
 pub fn select(candidates: &[(Option<f64>, usize)]) -> Option<usize> {
     let mut best: Option<usize> = None;
     for (index, &(f1, tokens)) in candidates.iter().enumerate() {
@@ -105,7 +108,8 @@ fn compare_scores(a: Option<f64>, b: Option<f64>) -> Ordering {
 /// Up to `limit` train questions (as pair indices) to refine with: those
 /// whose answer scored below `fail_f1` (`f1s` follows `train`), the ones
 /// used least in earlier rounds (`used`, by pair index) first, then in
-/// split order.
+/// split order. This stands in for the paper's sampling without refining
+/// against one stubborn question every round.
 pub fn pick_failed(
     train: &[usize],
     f1s: &[f64],

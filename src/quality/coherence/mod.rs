@@ -1,18 +1,5 @@
-//! Coherence of a summary as BooookScore measures it: a judge model reads the
-//! whole summary and, one sentence at a time, says whether that sentence would
-//! confuse a reader and through which of eight kinds of error. The score is
-//! the share of sentences judged clean (not confusing).
-//!
-//! Every prompt holds the same system turn, instructions and summary, and ends
-//! with the sentence under judgement, so each call after the first takes all
-//! but the last few lines from the engine's prefix cache.
-//!
-//! A verdict the parser cannot read is never counted as clean: [`score`]
-//! divides the clean sentences by all sentences, so unreadable verdicts lower
-//! it, while [`CoherenceReport::score_parsed`] gives the share over the
-//! verdicts that were read.
-//!
-//! [`score`]: CoherenceReport::score
+//! Coherence as BooookScore measures it: the share of a summary's sentences that a
+//! judge model, asked one sentence at a time, finds would not confuse a reader.
 
 use crate::engine::constraint::Grammar;
 use crate::error::{Error, Result};

@@ -1,14 +1,5 @@
-//! Owns the files of one run's output directory and writes each of them so that
-//! a crash at any moment leaves either the old or the new version, never a torn one.
-//!
-//! A run directory holds [`RunDir::SUMMARY`], [`RunDir::MEMORY`], [`RunDir::STEPS`],
-//! [`RunDir::STATS`] and [`RunDir::CHECKPOINT`]. Whole files are replaced with
-//! [`write_atomic`] (temp file in the same directory, fsync, rename). The one
-//! append-only file, a JSON-lines log, can at worst end in a line cut short by a
-//! crash; readers and writers here recognise and drop that line. On resume, a
-//! caller rewrites the log with exactly the steps its checkpoint covers
-//! ([`RunDir::rewrite_jsonl`]), so steps done again after the last checkpoint are
-//! never listed twice.
+//! Owns the files of one run's output directory and writes each so that a crash at
+//! any moment leaves either the old or the new version, never a torn one.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -64,7 +55,11 @@ fn sync_dir(dir: &Path) {
     let _ = dir;
 }
 
-/// The output directory of one run.
+/// The output directory of one run: [`RunDir::SUMMARY`], [`RunDir::MEMORY`],
+/// [`RunDir::STEPS`], [`RunDir::STATS`] and [`RunDir::CHECKPOINT`]. Whole files
+/// are replaced with [`write_atomic`]. The one append-only file, a JSON-lines
+/// log, can at worst end in a line cut short by a crash; readers and writers
+/// here recognise and drop that line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunDir {
     path: PathBuf,
@@ -180,6 +175,9 @@ impl RunDir {
     }
 
     /// Replace `name` with exactly `values`, one JSON line each, atomically.
+    /// On resume a caller rewrites the log with the steps its checkpoint
+    /// covers, so steps done again after the last checkpoint are never
+    /// listed twice.
     pub fn rewrite_jsonl<T: Serialize>(&self, name: &str, values: &[T]) -> Result<()> {
         let path = self.file(name)?;
         let mut bytes = Vec::new();
