@@ -1,6 +1,5 @@
-//! SVG line charts of a sweep: one metric against chunk size, one line per
-//! method, drawn with plotters' SVG backend (text stays `<text>` elements, so
-//! no font files are needed to draw or to view them).
+//! SVG line charts of a sweep, one metric against chunk size with a line per method,
+//! drawn with plotters' SVG backend (text stays `<text>`, so no font files are needed).
 
 use super::results::{Metric, Series};
 use crate::error::{Error, Result};

@@ -1,12 +1,5 @@
-//! The code-retrieval task, after RepoQA's needle-function search: a
-//! repository is read as one document, and the query describes one of its
-//! functions without naming it; the answer is right when it names that
-//! function exactly.
-//!
-//! `scripts/code-retrieval` builds the task file from packages on PyPI: each
-//! target's description is its own docstring, which is taken out of the
-//! repository tree the model reads (`repos/<name>-<version>/` beside the task
-//! file, fetched with checksums and never committed).
+//! The code-retrieval task, after RepoQA's needle-function search: a repository read
+//! as one document, and a query describing one of its functions without naming it.
 
 use super::sweep::SweepDocument;
 use super::task::{Task, Verdict};

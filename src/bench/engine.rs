@@ -1,8 +1,5 @@
-//! Engine speed: prefill and decode tokens per second at a given context
-//! length, and the time to answer a prompt whose first 90% is cached.
-//!
-//! Prompts are seeded random token ids, as llama.cpp's `llama-bench` uses, so
-//! that `scripts/compare-llama-cpp` can feed llama.cpp exactly the same ids.
+//! Engine speed: prefill and decode tokens per second at a given context length, and
+//! the time to answer a prompt whose first 90% is cached.
 
 use crate::engine::Engine;
 use crate::error::Result;
@@ -30,7 +27,8 @@ pub struct EngineFigures {
     pub peak_rss_bytes: Option<u64>,
 }
 
-/// `count` pseudo-random ordinary token ids from `seed`. A plain 64-bit LCG
+/// `count` pseudo-random ordinary token ids from `seed`, as llama.cpp's
+/// `llama-bench` uses random ids for its prompts. A plain 64-bit LCG
 /// (Knuth's MMIX constants), so that `scripts/compare-llama-cpp` draws the very
 /// same ids in Python. A vocabulary that ends before the ordinary ids begin
 /// (a test's tiny model) gives ids from all of it.

@@ -1,6 +1,5 @@
-//! Benchmarks: engine speed (`prism bench-engine`, [`engine`]) and the
-//! method × chunk-size sweep (`prism bench`, [`sweep`]) with its rows
-//! ([`results`]), report and charts.
+//! Benchmarks: engine speed (`prism bench-engine`, [`engine`]) and the method ×
+//! chunk-size sweep (`prism bench`, [`sweep`]) with its rows, report and charts.
 
 pub mod charts;
 pub mod code_retrieval;

@@ -1,7 +1,5 @@
-//! A sweep's `report.md`: where it ran, one table per chunk size laid out
-//! like the PRISM paper's Table 3 (methods as rows: cache hit, tokens, cost
-//! index), and, when the sweep has several chunk sizes, one table per metric
-//! across them like its Figure 5.
+//! A sweep's `report.md`: where it ran, one table per chunk size like the PRISM
+//! paper's Table 3, and per-metric tables across chunk sizes like its Figure 5.
 
 use super::results::{chunk_sizes, find, mean, measured, methods, runs_of, Metric, Row, Scores};
 use crate::engine::sampling::SamplingConfig;

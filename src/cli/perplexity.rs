@@ -1,6 +1,5 @@
-//! `prism perplexity FILE`: the model's perplexity on a text, windowed and
-//! scored as llama.cpp's `llama-perplexity` does, to compare the two on one
-//! GGUF file.
+//! `prism perplexity FILE`: the model's perplexity on a text, windowed and scored as
+//! llama.cpp's `llama-perplexity` does, to compare the two on one GGUF file.
 
 use super::{DocumentLimit, EngineArgs};
 use anyhow::Result;

@@ -1,6 +1,5 @@
-//! `prism qa generate` writes question–answer pairs about a document, chunk by
-//! chunk, as JSONL; `prism score qa` answers them from a summary alone and
-//! reports Correct-F1 with what the answering model's calls cost.
+//! `prism qa generate` writes question–answer pairs about a document as JSONL;
+//! `prism score qa` answers them from a summary alone and reports Correct-F1.
 
 use super::generate::describe;
 use super::method_args::OnOff;

@@ -1,6 +1,5 @@
-//! `prism schema`: memory schemas. `schema generate` has the model write one
-//! for a new query domain (PRISM §3.4) and saves it where `summarize
-//! --schema` can read it.
+//! `prism schema generate`: the model writes a memory schema for a new query domain
+//! (PRISM §3.4), saved where `summarize --schema` can read it.
 
 use super::method_args::OnOff;
 use super::{BackendArgs, SamplingArgs};

@@ -1,6 +1,5 @@
-//! `prism score`: measures of a finished summary. `score coherence` has a
-//! judge model look at every sentence of a summary (BooookScore); `score qa`
-//! answers questions from the summary alone (Correct-F1, in `qa.rs`).
+//! `prism score`: measures of a finished summary, its coherence to a judge model
+//! (BooookScore) or its answers to questions (Correct-F1, in `qa.rs`).
 
 use super::method_args::OnOff;
 use super::{BackendArgs, SamplingArgs};

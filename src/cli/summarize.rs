@@ -1,8 +1,5 @@
-//! `prism summarize` and `prism query`: read a document in chunks with a
-//! method and write the run directory (the answer, per-step lines, stats,
-//! checkpoint, and whatever else the method keeps, such as PRISM's memory).
-//! `summarize` is the summarization preset of the same run; `query` asks a
-//! query of its own and takes several files or a directory as one document.
+//! `prism summarize` and `prism query`: read a document in chunks with a method and
+//! write the run directory; `summarize` is the preset, `query` asks a query of its own.
 
 use super::method_args::{MethodArgs, MethodName};
 use super::progress::Bar;

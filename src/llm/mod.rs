@@ -1,6 +1,5 @@
-//! The model as methods see it: prompts made of text segments in, text and
-//! usage out. Methods never touch tensors or token ids. A [`Backend`] is
-//! where the calls run: the local engine, or a remote server ([`remote`]).
+//! The model as methods see it: prompts of text segments in, text and usage out; a
+//! [`Backend`] is where the calls run, the local engine or a remote server.
 
 pub mod remote;
 mod side_by_side;

@@ -1,9 +1,5 @@
-//! Independent calls run side by side: the questions of a QA score, the
-//! sentences a judge looks at, the chunks that hierarchical merging and
-//! detail summarize on their own. Each worker is a sibling of the backend (a
-//! local engine whose decode steps batch with the others', or another client
-//! of a remote server), so `--concurrency N` keeps N calls in flight while
-//! the method still sees one [`Llm`].
+//! Independent calls run side by side on siblings of the backend, so `--concurrency N`
+//! keeps N calls in flight while the method still sees one [`Llm`].
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -15,7 +11,11 @@ use crate::error::Result;
 use crate::llm::remote::CacheFigures;
 
 /// An [`Llm`] whose [`Llm::complete_each`] spreads its calls over
-/// `workers`; every other call goes to `primary`.
+/// `workers`; every other call goes to `primary`. Each worker is a sibling of
+/// the backend: a local engine whose decode steps batch with the others', or
+/// another client of a remote server. The calls spread are the independent
+/// ones: a QA score's questions, a judge's sentences, the chunks that
+/// hierarchical merging and detail summarize on their own.
 pub struct SideBySide<'a> {
     pub(super) primary: Box<dyn Llm + 'a>,
     pub(super) workers: Vec<Backend>,

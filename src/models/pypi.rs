@@ -1,7 +1,5 @@
-//! Wheels of a `package==version`, from PyPI's JSON API or from a local
-//! directory of wheels, without Python: the release's listing names each
-//! file's URL and sha256, the wheel is streamed to disk while it is hashed,
-//! and a wheel whose hash differs from the listing's is refused.
+//! Wheels of a `package==version`, from PyPI's JSON API or a local directory of
+//! wheels, each hashed as it streams to disk and refused if its sha256 differs.
 
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Read};

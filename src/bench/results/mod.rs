@@ -1,7 +1,5 @@
-//! The rows of a method × chunk-size sweep (`prism bench`): one per finished
-//! run, as `results.jsonl` holds them, and what is derived from them without
-//! running anything: the CSV, the figures charts and tables plot, and a rough
-//! estimate of the time the remaining runs will take.
+//! The rows of a method × chunk-size sweep, one per finished run as `results.jsonl`
+//! holds them, and what is derived from them: the CSV, chart figures and time left.
 
 use crate::methods::MethodFigures;
 use crate::metrics::Figures;

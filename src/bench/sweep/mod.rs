@@ -1,11 +1,5 @@
 //! A sweep: documents × methods × chunk sizes on one loaded backend, one run
-//! directory each. The bench directory's results.jsonl, results.csv,
-//! report.md and charts are rewritten after every run, so a paused or
-//! interrupted sweep still has a report and resumes where it stopped.
-//!
-//! On a remote backend runs can proceed side by side (`concurrency`), each
-//! on its own client: a run's calls stay in order, so its prefix locality on
-//! the server is what it would be alone.
+//! directory each.
 
 mod estimate;
 mod judge;
@@ -167,7 +161,9 @@ pub struct SweepOutcome {
 
 /// Run the sweep's unfinished runs on `backend`, each from a cold cache, and
 /// judge them when asked; runs an earlier session finished are kept (and
-/// judged now if they were not).
+/// judged now if they were not). `results.jsonl`, `results.csv`, `report.md`
+/// and the charts are rewritten after every run, so a paused or interrupted
+/// sweep still has a report and resumes where it stopped.
 pub fn run(
     sweep: &Sweep,
     backend: &mut Backend,
