@@ -311,7 +311,8 @@ mod tests {
         // 120 words of notes to 50: two runs of six, each merged into one.
         let condensed = condense(&mut llm, &notes, 50).unwrap();
         assert_eq!(llm.prompts.len(), 2);
-        assert!(llm.prompts[0].starts_with("Combine these sentences into one"));
+        assert!(llm.prompts[0]
+            .starts_with("Combine these sentences into one sentence of at most 25 words"));
         assert!(llm.prompts[0].contains("Note 1 tells") && llm.prompts[0].contains("Note 6 tells"));
         assert!(
             llm.prompts[1].contains("Note 7 tells") && llm.prompts[1].contains("Note 12 tells")

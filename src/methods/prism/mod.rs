@@ -24,11 +24,10 @@ mod prompt;
 mod reading;
 
 use crate::chunk::Chunk;
-use crate::engine::constraint::Grammar;
 use crate::engine::{is_zero, LineVerdict};
 use crate::error::Result;
 use crate::llm::{Llm, Prompt};
-use crate::memory::grammar::{binds_a_limit, revision_grammar, MAX_LINES};
+use crate::memory::grammar::{binds_a_limit, revision_constraint, MAX_LINES};
 use crate::memory::revise::{apply_revisions, RefusalKind, Refused};
 use crate::memory::{
     apply, parse_revisions, render_in_place, Amendments, Op, RejectionKind, Revision, Schema,
@@ -409,12 +408,7 @@ impl<'a> Prism<'a> {
                 self.revision_prompt(state, chunk, chunks, shown)
             })?;
         let grammar = self.config.constrained.then(|| {
-            Grammar::Lark(revision_grammar(
-                self.schema,
-                &state.memory,
-                self.config.updates,
-                MAX_LINES,
-            ))
+            revision_constraint(self.schema, &state.memory, self.config.updates, MAX_LINES)
         });
         let skipped = RefCell::new(Vec::new());
         let refused_in_a_row = Cell::new(0);
