@@ -1,5 +1,5 @@
-//! A tokenizer from a Hugging Face model directory: `tokenizer.json`, plus
-//! `tokenizer_config.json`, `chat_template.jinja` and `generation_config.json` where present.
+//! A tokenizer from a Hugging Face model directory: `tokenizer.json`, and where
+//! present `tokenizer_config.json`, `chat_template.jinja` and `generation_config.json`.
 
 use std::path::Path;
 

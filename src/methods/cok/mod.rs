@@ -1,5 +1,5 @@
-//! The methods the Chain-of-Key paper compares, as baselines: generate-update,
-//! generate-merge and chain-of-key, each keeping one memory it compresses past a token limit.
+//! The Chain-of-Key paper's methods, as baselines: generate-update, generate-merge
+//! and chain-of-key, each keeping one memory that it compresses past a token limit.
 
 pub mod chain;
 pub mod merge;
