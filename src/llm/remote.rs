@@ -389,11 +389,13 @@ impl RemoteModel {
 }
 
 /// Whether a refused request may pass when sent again: a 429 or a server
-/// error, unless the server says the request itself is invalid (llama-cpp-
-/// python answers a body it cannot read with a 500 listing "validation
-/// errors"), which no retry changes.
+/// error, unless the server says the request itself is invalid, which no
+/// retry changes: llama-cpp-python answers a body it cannot read with a 500
+/// listing "validation errors", and a grammar it cannot build with a 500
+/// that names the grammar.
 fn is_transient(code: u16, detail: &str) -> bool {
-    (code == 429 || code >= 500) && !detail.contains("validation error")
+    let invalid = detail.contains("validation error") || detail.to_lowercase().contains("grammar");
+    (code == 429 || code >= 500) && !invalid
 }
 
 /// The error message of an OpenAI-style error body, or the body itself.
@@ -606,5 +608,9 @@ mod tests {
             "1773 validation errors for CreateCompletionRequest"
         ));
         assert!(!is_transient(500, "1 validation error: prompt"));
+        assert!(!is_transient(
+            500,
+            "from_string: error parsing grammar file: parsed_grammar.rules is empty"
+        ));
     }
 }
