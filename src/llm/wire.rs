@@ -1,6 +1,5 @@
-//! The OpenAI wire format, as `prism serve` reads and writes it and the
-//! remote client writes and reads it: requests, replies, stream chunks,
-//! usage and errors.
+//! The OpenAI wire format, and the tokenize endpoints engines add to it, as
+//! `prism serve` reads and writes them and the remote client writes and reads them.
 
 use crate::engine::Usage;
 use crate::metrics::Figures;
@@ -228,6 +227,21 @@ pub struct ModelCard {
     /// A llama.cpp and prism extension.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_length: Option<usize>,
+}
+
+/// `POST /tokenize` of llama.cpp's server, which prism serve answers too.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokenizeRequest {
+    pub content: String,
+    /// Whether BOS and the like go first; llama.cpp's default is no.
+    #[serde(default)]
+    pub add_special: bool,
+}
+
+/// What llama.cpp's `/tokenize` answers, among other fields.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokenizeReply {
+    pub tokens: Vec<u32>,
 }
 
 /// A reply of either endpoint, whole or one stream chunk: `object` says

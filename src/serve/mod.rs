@@ -9,11 +9,12 @@
 pub mod api;
 mod worker;
 
+use crate::engine::tokenizer::Tokenizer;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::llm::wire::{
     ApiUsage, ChatRequest, Choice, CompletionRequest, GenerationFields, ModelCard, ModelList,
-    Reply, ReplyMessage,
+    Reply, ReplyMessage, TokenizeReply, TokenizeRequest,
 };
 use api::{ApiError, PromptInput};
 use axum::body::Bytes;
@@ -84,6 +85,7 @@ impl Server {
         let app = App {
             model: engine.name().to_string(),
             context_tokens: engine.context_tokens(),
+            tokenizer: engine.format().tokenizer().clone(),
             queue: worker::spawn(engine, options.parallel)
                 .map_err(|e| Error::invalid("engine thread", e.to_string()))?,
             options,
@@ -149,6 +151,8 @@ impl Drop for Server {
 struct App {
     model: String,
     context_tokens: usize,
+    /// For `/tokenize`, which needs no engine thread.
+    tokenizer: Tokenizer,
     queue: mpsc::Sender<Job>,
     options: ServeOptions,
     next_id: AtomicU64,
@@ -161,6 +165,7 @@ fn router(app: Arc<App>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/tokenize", post(tokenize))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(app)
@@ -193,6 +198,32 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
         }],
     })
     .into_response()
+}
+
+/// llama.cpp's `/tokenize`, so that a client can check which model it talks to.
+async fn tokenize(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Response {
+    let request = app
+        .authorize(&headers)
+        .and_then(|()| parse::<TokenizeRequest>(body));
+    let request = match request {
+        Ok(request) => request,
+        Err(error) => return error.into_response(),
+    };
+    let bos = app
+        .tokenizer
+        .bos_token_id()
+        .filter(|_| request.add_special && app.tokenizer.add_bos());
+    match app.tokenizer.encode(&request.content) {
+        Ok(ids) => Json(TokenizeReply {
+            tokens: bos.into_iter().chain(ids).collect(),
+        })
+        .into_response(),
+        Err(error) => ApiError::invalid(error.to_string()).into_response(),
+    }
 }
 
 async fn chat_completions(
