@@ -53,6 +53,14 @@ pub enum Error {
     #[error("remote backend {url}: {reason}")]
     Remote { url: String, reason: String },
 
+    #[error("remote backend {url} serves {served}, not {model} that prism formats prompts for: {evidence}; pass --model for the served model, or --allow-model-mismatch")]
+    ModelMismatch {
+        url: String,
+        served: String,
+        model: String,
+        evidence: String,
+    },
+
     #[error("batched decoding: {reason}")]
     Batch { reason: String },
 

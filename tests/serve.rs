@@ -221,6 +221,7 @@ fn the_servers_cached_tokens_are_the_engines_reused_tokens() {
         constraint: RemoteConstraint::Auto,
         timeout: Duration::from_secs(120),
         retries: 0,
+        allow_model_mismatch: false,
     };
     let mut remote = Backend::Remote(Box::new(RemoteModel::new(format, options)));
     let mut local = Backend::Local(Box::new(load(&source)));
@@ -280,6 +281,7 @@ fn the_remote_constraint_names_the_field_the_grammar_goes_in() {
             constraint,
             timeout: Duration::from_secs(120),
             retries: 3,
+            allow_model_mismatch: false,
         };
         let format = PromptFormat::load(&source).unwrap();
         let mut remote = Backend::Remote(Box::new(RemoteModel::new(format, options)));
@@ -299,6 +301,57 @@ fn the_remote_constraint_names_the_field_the_grammar_goes_in() {
     let refused = complete(RemoteConstraint::Gbnf).unwrap_err().to_string();
     assert!(
         refused.contains("HTTP 400") && refused.contains("GBNF") && !refused.contains("tries"),
+        "{refused}"
+    );
+}
+
+/// prism serve answers llama.cpp's `/tokenize` with its engine's tokens, so
+/// that a client formatting prompts for another model is refused before it
+/// sends one, naming both models.
+#[test]
+fn the_server_tokenizes_so_a_client_of_another_model_is_refused() {
+    use prism::engine::prompt_format::PromptFormat;
+    let dir = tempfile::tempdir().unwrap();
+    let source = tiny_source(dir.path());
+    let (_server, base) = serve(&source, ServeOptions::default());
+    let format = PromptFormat::load(&source).unwrap();
+    let root = base.trim_end_matches("/v1");
+    let (status, reply) = post(root, "tokenize", &json!({"content": "w1 w2 w3"}));
+    assert_eq!(status, 200, "{reply}");
+    let ids = format.tokenizer().encode("w1 w2 w3").unwrap();
+    assert_eq!(reply["tokens"], json!(ids));
+
+    let chars = dir.path().join("chars");
+    std::fs::create_dir(&chars).unwrap();
+    crate::constrained::char_model(&chars);
+    let other = PromptFormat::load(&ModelSource::HfDir {
+        dir: chars,
+        name: "tiny-chars".into(),
+    })
+    .unwrap();
+    let options = RemoteOptions {
+        base_url: base.clone(),
+        api_key: None,
+        remote_model: None,
+        api: RemoteApi::Auto,
+        constraint: RemoteConstraint::Auto,
+        timeout: Duration::from_secs(120),
+        retries: 0,
+        allow_model_mismatch: false,
+    };
+    let mut remote = Backend::Remote(Box::new(RemoteModel::new(other, options)));
+    let prompt = Prompt {
+        system: None,
+        segments: vec!["ab".to_string()],
+        source: None,
+    };
+    let refused = remote
+        .llm(GenerateOptions::default())
+        .complete(&prompt, 4, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("serves tiny-chat, not tiny-chars"),
         "{refused}"
     );
 }
@@ -483,6 +536,7 @@ fn a_refused_line_closes_the_stream_where_the_local_engine_stops() {
         constraint: RemoteConstraint::Auto,
         timeout: Duration::from_secs(120),
         retries: 0,
+        allow_model_mismatch: false,
     };
     let mut remote = Backend::Remote(Box::new(RemoteModel::new(format, options)));
     let mut local = Backend::Local(Box::new(load(&source)));

@@ -17,6 +17,7 @@ mod prism_loop;
 mod prompt_cache;
 mod quality;
 mod query;
+mod remote;
 mod repetition;
 mod sample;
 mod schema_gen;

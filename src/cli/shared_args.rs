@@ -193,14 +193,19 @@ pub struct BackendArgs {
     pub remote_model: Option<String>,
     /// `ids` sends token ids made with prism's template (exact prefix reuse); `text` sends
     /// that prompt as text, for servers that take no ids; `chat` sends messages, for servers
-    /// that refuse raw prompts.
-    #[arg(long, value_enum, default_value = "ids")]
+    /// that refuse raw prompts; `auto` asks the server: `text` for llama-cpp-python's, `ids`
+    /// elsewhere.
+    #[arg(long, value_enum, default_value = "auto")]
     pub remote_prompt: RemotePromptArg,
     /// How a grammar goes to the server: `lark` as vLLM's `guided_grammar` (prism serve
     /// reads it too), `gbnf` as the `grammar` of llama.cpp's server and llama-cpp-python's,
-    /// `none` not at all; `auto` is `lark` for now.
+    /// `none` not at all; `auto` asks the server: `gbnf` for those two, `lark` elsewhere.
     #[arg(long, value_enum, default_value = "auto")]
     pub remote_constraint: RemoteConstraintArg,
+    /// Go on when the server's model is not --model (its tokens for a probe text differ, or
+    /// no model it lists is named like it); by default that ends the run before its first call.
+    #[arg(long)]
+    pub allow_model_mismatch: bool,
     /// Seconds one remote call may take, retries included.
     #[arg(long, value_name = "SECONDS", default_value_t = 600)]
     pub remote_timeout: u64,
@@ -214,6 +219,7 @@ pub enum BackendKind {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum RemotePromptArg {
+    Auto,
     Ids,
     Text,
     Chat,
@@ -254,6 +260,7 @@ impl BackendArgs {
             api_key,
             remote_model: self.remote_model.clone(),
             api: match self.remote_prompt {
+                RemotePromptArg::Auto => RemoteApi::Auto,
                 RemotePromptArg::Ids => RemoteApi::Ids,
                 RemotePromptArg::Text => RemoteApi::Text,
                 RemotePromptArg::Chat => RemoteApi::Chat,
@@ -266,6 +273,7 @@ impl BackendArgs {
             },
             timeout: std::time::Duration::from_secs(self.remote_timeout),
             retries: 4,
+            allow_model_mismatch: self.allow_model_mismatch,
         };
         note!("{}: calls go to {}", format.name(), options.base_url);
         Ok(Backend::Remote(Box::new(RemoteModel::new(format, options))))

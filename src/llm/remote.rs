@@ -6,6 +6,7 @@
 //! that take only chats get `/v1/chat/completions`.
 //! Accounting comes from the server's `usage`.
 
+use super::probe::{ModelMatch, ServerFacts};
 use super::wire::{
     ApiUsage, ChatRequest, CompletionRequest, Content, ErrorBody, GenerationFields,
     JsonSchemaFormat, PromptField, Reply, RequestMessage, ResponseFormat, Stop, StreamOptions,
@@ -19,15 +20,18 @@ use crate::engine::sampling::SamplingConfig;
 use crate::engine::{first_refused_line, GenerateOptions, LineCheck, LineVerdict, Usage};
 use crate::error::{Error, Result};
 use std::io::{BufRead, BufReader};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How prompts are sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RemoteApi {
-    /// Token ids to `/v1/completions`: prism's template and token prefix, exactly.
+    /// As the server takes them: [`RemoteApi::Text`] for llama-cpp-python's,
+    /// which refuses token ids, [`RemoteApi::Ids`] elsewhere.
     #[default]
+    Auto,
+    /// Token ids to `/v1/completions`: prism's template and token prefix, exactly.
     Ids,
     /// The rendered prompt as text to `/v1/completions`, for servers that
     /// take no token ids (llama-cpp-python's); the server tokenizes it whole.
@@ -40,7 +44,8 @@ pub enum RemoteApi {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RemoteConstraint {
-    /// As [`RemoteConstraint::Lark`] until prism asks servers what they read.
+    /// As the server reads it: [`RemoteConstraint::Gbnf`] for llama.cpp's
+    /// server and llama-cpp-python's, [`RemoteConstraint::Lark`] elsewhere.
     #[default]
     Auto,
     /// Lark as vLLM's `guided_grammar`, which prism serve reads too.
@@ -55,6 +60,28 @@ pub enum RemoteConstraint {
 impl RemoteConstraint {
     fn is_auto(&self) -> bool {
         *self == RemoteConstraint::Auto
+    }
+
+    /// The flag's word for it, for logs.
+    fn name(self) -> &'static str {
+        match self {
+            RemoteConstraint::Auto => "auto",
+            RemoteConstraint::Lark => "lark",
+            RemoteConstraint::Gbnf => "gbnf",
+            RemoteConstraint::None => "none",
+        }
+    }
+}
+
+impl RemoteApi {
+    /// The flag's word for it, for logs.
+    fn name(self) -> &'static str {
+        match self {
+            RemoteApi::Auto => "auto",
+            RemoteApi::Ids => "ids",
+            RemoteApi::Text => "text",
+            RemoteApi::Chat => "chat",
+        }
     }
 }
 
@@ -72,6 +99,9 @@ pub struct RemoteOptions {
     pub timeout: Duration,
     /// Further tries after a 429, a 5xx or a broken connection.
     pub retries: u32,
+    /// Go on, with a warning, when the server's model is not the one whose
+    /// prompt format prism uses.
+    pub allow_model_mismatch: bool,
 }
 
 /// Where the figures of cache reuse come from.
@@ -113,6 +143,27 @@ pub struct RemoteModel {
     /// The last sequence sent and generated, for estimating reuse when the server does not say.
     last_sequence: Vec<u32>,
     cache_figures: CacheFigures,
+    /// Learnt from the server at the first call of this model or a sibling.
+    discovery: Arc<OnceLock<Discovery>>,
+}
+
+/// What the first call learns from the server and keeps for the others.
+#[derive(Debug, Clone)]
+struct Discovery {
+    /// Never `auto`.
+    api: RemoteApi,
+    /// `auto` only where it means Lark, as before servers were asked.
+    constraint: RemoteConstraint,
+    /// Set unless the mismatch is allowed.
+    mismatch: Option<Mismatch>,
+}
+
+/// Why the server's model is not the one prism formats prompts for.
+#[derive(Debug, Clone)]
+struct Mismatch {
+    /// The ids the server lists.
+    served: String,
+    evidence: String,
 }
 
 impl RemoteModel {
@@ -124,6 +175,7 @@ impl RemoteModel {
             agent,
             last_sequence: Vec::new(),
             cache_figures: CacheFigures::Measured,
+            discovery: Arc::new(OnceLock::new()),
         }
     }
 
@@ -136,6 +188,7 @@ impl RemoteModel {
             agent: self.agent.clone(),
             last_sequence: Vec::new(),
             cache_figures: CacheFigures::Measured,
+            discovery: Arc::clone(&self.discovery),
         }
     }
 
@@ -148,7 +201,12 @@ impl RemoteModel {
             model: self.format.name().to_string(),
             base_url: self.options.base_url.clone(),
             remote_model: self.remote_model().to_string(),
-            api: self.options.api,
+            // `auto` is written as `ids`, which it sends to every server that
+            // takes them, so that runs from before `auto` keep their fingerprints.
+            api: match self.options.api {
+                RemoteApi::Auto => RemoteApi::Ids,
+                api => api,
+            },
             constraint: self.options.constraint,
         }
     }
@@ -165,6 +223,92 @@ impl RemoteModel {
             .unwrap_or(self.format.name())
     }
 
+    /// What the server takes and serves, asked once for this model and its
+    /// siblings; a model that does not match is an error on every call.
+    fn discovered(&self) -> Result<&Discovery> {
+        let discovery = self.discovery.get_or_init(|| self.discover());
+        match &discovery.mismatch {
+            Some(mismatch) => Err(Error::ModelMismatch {
+                url: self.options.base_url.clone(),
+                served: mismatch.served.clone(),
+                model: self.format.name().to_string(),
+                evidence: mismatch.evidence.clone(),
+            }),
+            None => Ok(discovery),
+        }
+    }
+
+    /// Probe the server unless flags made every choice, and resolve the
+    /// `auto` ones by what it answers, logging them.
+    fn discover(&self) -> Discovery {
+        let options = &self.options;
+        let mut discovery = Discovery {
+            api: match options.api {
+                RemoteApi::Auto => RemoteApi::Ids,
+                api => api,
+            },
+            constraint: options.constraint,
+            mismatch: None,
+        };
+        let asks = options.api == RemoteApi::Auto || options.constraint.is_auto();
+        if !asks && options.allow_model_mismatch {
+            return discovery;
+        }
+        let facts = ServerFacts::probe(&self.agent, &options.base_url, options.api_key.as_deref());
+        if options.api == RemoteApi::Auto {
+            discovery.api = facts.api();
+        }
+        if options.constraint.is_auto() && facts.constraint() == RemoteConstraint::Gbnf {
+            discovery.constraint = RemoteConstraint::Gbnf;
+        }
+        if asks {
+            tracing::info!(
+                "{}: {} serving [{}]: prompts as {}, grammars as {}",
+                options.base_url,
+                facts.kind,
+                facts.models.join(", "),
+                discovery.api.name(),
+                match discovery.constraint {
+                    RemoteConstraint::Auto => RemoteConstraint::Lark,
+                    chosen => chosen,
+                }
+                .name(),
+            );
+        }
+        discovery.mismatch = self.mismatch(&facts);
+        discovery
+    }
+
+    /// How the server's model differs from the one prism formats prompts
+    /// for; `None` when it does not, when nothing tells, or when the
+    /// mismatch is allowed (with a warning).
+    fn mismatch(&self, facts: &ServerFacts) -> Option<Mismatch> {
+        let (url, name) = (&self.options.base_url, self.format.name());
+        let matched = facts.model_match(self.format.tokenizer(), name, self.remote_model());
+        let evidence = match matched {
+            Ok(ModelMatch::Same) => return None,
+            Ok(ModelMatch::Unknown) => {
+                tracing::debug!("{url}: the server told nothing to compare its model with {name}");
+                return None;
+            }
+            // Our own tokenizer failing on the probe text says nothing of the server.
+            Err(error) => {
+                tracing::debug!("{url}: model check skipped: {error}");
+                return None;
+            }
+            Ok(ModelMatch::Different { evidence }) => evidence,
+        };
+        let served = match facts.models.as_slice() {
+            [] => "an unnamed model".to_string(),
+            ids => ids.join(", "),
+        };
+        if self.options.allow_model_mismatch {
+            tracing::warn!("{url} serves {served}, not {name}: {evidence}; going on as --allow-model-mismatch says");
+            return None;
+        }
+        Some(Mismatch { served, evidence })
+    }
+
     /// One call: the request for `prompt`, sent with retries, and its usage.
     /// With `refuse_line` the reply is streamed and the connection closed at
     /// the first line it refuses, so the server stops generating there, as
@@ -175,6 +319,9 @@ impl RemoteModel {
         options: &GenerateOptions,
         refuse_line: Option<&LineCheck>,
     ) -> Result<Completion> {
+        let Discovery {
+            api, constraint, ..
+        } = self.discovered()?.clone();
         let ids = self
             .format
             .segmented_chat_prompt(prompt.system.as_deref(), &prompt.segments)?;
@@ -183,8 +330,7 @@ impl RemoteModel {
         messages.push(ChatMessage::user(prompt.segments.concat()));
         let mut fields = generation_fields(self.remote_model(), options);
         if let Some(grammar) = &options.grammar {
-            constrain(&mut fields, grammar, self.options.constraint)
-                .map_err(|reason| self.error(reason))?;
+            constrain(&mut fields, grammar, constraint).map_err(|reason| self.error(reason))?;
         }
         if refuse_line.is_some() {
             fields.stream = true;
@@ -193,8 +339,9 @@ impl RemoteModel {
                 continuous_usage_stats: true,
             });
         }
-        let (path, body) = match self.options.api {
-            RemoteApi::Ids => (
+        let (path, body) = match api {
+            // Discovery has resolved `auto`; were it left, ids are its default.
+            RemoteApi::Auto | RemoteApi::Ids => (
                 "completions",
                 Body::Completion(CompletionRequest {
                     prompt: PromptField::Ids(ids.clone()),
@@ -372,7 +519,8 @@ impl RemoteModel {
 
     /// `message` with what a refused prompt of token ids usually means.
     fn explained(&self, message: String) -> String {
-        if self.options.api == RemoteApi::Ids && message.contains("validation error") {
+        let api = self.discovery.get().map_or(self.options.api, |d| d.api);
+        if api == RemoteApi::Ids && message.contains("validation error") {
             return format!(
                 "{message}; this server may not take token ids as a prompt: send it as text instead (remote prompt `text`)"
             );

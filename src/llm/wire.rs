@@ -238,7 +238,22 @@ pub struct TokenizeRequest {
     pub add_special: bool,
 }
 
-/// What llama.cpp's `/tokenize` answers, among other fields.
+/// `POST /extras/tokenize` of llama-cpp-python's server, which adds BOS
+/// when the model does and has no field to say otherwise.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExtrasTokenizeRequest {
+    pub input: String,
+}
+
+/// `POST /tokenize` of vLLM, for one of the models it serves.
+#[derive(Debug, Clone, Serialize)]
+pub struct VllmTokenizeRequest {
+    pub model: String,
+    pub prompt: String,
+    pub add_special_tokens: bool,
+}
+
+/// What all three tokenize endpoints answer, among other fields.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TokenizeReply {
     pub tokens: Vec<u32>,
