@@ -1,10 +1,5 @@
 //! A remote OpenAI-compatible server (prism serve, vLLM, SGLang, llama.cpp's
-//! server) as an [`Llm`]. prism keeps the model's tokenizer and chat
-//! template and sends each prompt as token ids to `/v1/completions`, so the
-//! token prefix the server caches is exactly the one prism would have
-//! cached itself; servers that take no ids get the prompt's text, and those
-//! that take only chats get `/v1/chat/completions`.
-//! Accounting comes from the server's `usage`.
+//! server) as an [`Llm`], its accounting taken from the server's `usage`.
 
 use super::probe::{ModelMatch, ServerFacts};
 use super::wire::{
@@ -134,7 +129,11 @@ pub struct RemoteIdentity {
     pub constraint: RemoteConstraint,
 }
 
-/// A model served elsewhere, with its prompt format here.
+/// A model served elsewhere, with its prompt format here. prism keeps the
+/// model's tokenizer and chat template and sends each prompt as token ids to
+/// `/v1/completions`, so the token prefix the server caches is the one prism
+/// would have cached itself; servers that take no ids get the prompt's text,
+/// and those that take only chats get `/v1/chat/completions`.
 pub struct RemoteModel {
     /// Shared with the model's siblings, which only read it.
     format: Arc<PromptFormat>,

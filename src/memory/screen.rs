@@ -67,6 +67,9 @@ const COMMON_WORDS: &[&str] = &[
     "will", "with", "would",
 ];
 
+/// A test a string of a revision fails, refusing the revision whole.
+type Failing = fn(&Screen, &str) -> bool;
+
 /// Why a value was screened out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -284,7 +287,7 @@ impl Screen {
         }
         // One string that echoes the prompt, copies the source or was not
         // read takes the whole value with it.
-        let tests: [(fn(&Screen, &str) -> bool, Redundancy); 4] = [
+        let tests: [(Failing, Redundancy); 4] = [
             (Screen::echoes, Redundancy::Echo),
             (Screen::copies_source, Redundancy::Copy),
             (Screen::ungrounded, Redundancy::Ungrounded),

@@ -1,11 +1,5 @@
-//! The summary length every method aims at, and the last step that brings
+//! The summary length every method aims at, and the condensing that brings
 //! a method's final answer to it, so that methods compare at equal length.
-//!
-//! A longer summary answers more questions about its document, so a table
-//! of methods whose summaries differ in length says little. Every method
-//! that writes a summary aims at the same number of words ([`target_words`]),
-//! and one whose answer comes out much longer hands it to [`condense`],
-//! which merges runs of its sentences, from the method's own text alone.
 
 use super::baseline::Call;
 use crate::chunk::Chunk;
@@ -32,7 +26,9 @@ const MAX_ROUNDS: usize = 3;
 
 /// The summary length in words a run aims at: `requested` (`--summary-words`),
 /// else a tenth of the words in `chunks`, at least [`MIN_TARGET_WORDS`] and
-/// at most [`MAX_TARGET_WORDS`].
+/// at most [`MAX_TARGET_WORDS`]. Every method aims at it, because a longer
+/// summary answers more questions about its document, and a table of
+/// methods whose summaries differ in length says little.
 pub fn target_words(requested: Option<usize>, chunks: &[Chunk]) -> usize {
     requested.unwrap_or_else(|| {
         let words: usize = chunks
@@ -265,7 +261,7 @@ mod tests {
         assert_eq!(groups.concat(), pieces);
         assert_eq!(group_by_words(&[], 1200), [Vec::<String>::new()]);
         let long = vec!["w ".repeat(5000)];
-        assert_eq!(group_by_words(&long, 1200), [long.clone()]);
+        assert_eq!(group_by_words(&long, 1200), std::slice::from_ref(&long));
     }
 
     /// Answers every merge with its first sentence, as a model that
