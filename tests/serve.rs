@@ -6,6 +6,7 @@ use crate::common::{fetched_model, run_prism, tiny_chat_model, words_document};
 use prism::engine::source::ModelSource;
 use prism::engine::{Engine, GenerateOptions, LoadOptions};
 use prism::llm::remote::{RemoteApi, RemoteConstraint, RemoteModel, RemoteOptions};
+use prism::llm::wire::{ErrorBody, ErrorDetail, Reply};
 use prism::llm::{Backend, Prompt};
 use prism::serve::{ServeOptions, Server};
 use serde_json::{json, Value};
@@ -467,6 +468,50 @@ fn bad_requests_get_openai_errors_and_the_server_answers_the_next_one() {
         .unwrap();
     assert!(first.starts_with("data: "));
     still_answers();
+}
+
+/// Issue 63: what OpenAI and llama.cpp's server refuse in a chat, prism
+/// serve refuses too, with a 400 naming the field; text parts are read as
+/// the string they join to.
+#[test]
+fn a_chat_it_cannot_read_is_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = tiny_source(dir.path());
+    let (_server, base) = serve(&source, ServeOptions::default());
+    let chat = |content: Value| {
+        json!({"messages": [{"role": "user", "content": content}],
+            "max_tokens": 4, "temperature": 0})
+    };
+    let refusal = |body: &Value| -> ErrorDetail {
+        let (status, reply) = post(&base, "chat/completions", body);
+        assert_eq!(status, 400, "{reply}");
+        serde_json::from_value::<ErrorBody>(reply).unwrap().error
+    };
+
+    let empty = refusal(&json!({"messages": []}));
+    assert_eq!(empty.param.as_deref(), Some("messages"));
+    assert_eq!(empty.kind, "invalid_request_error");
+    let number = refusal(&chat(json!(42)));
+    assert_eq!(number.param.as_deref(), Some("messages[0].content"));
+    assert!(number.message.contains("messages[0].content is a number"));
+    let image = refusal(&chat(json!([{"type": "image_url",
+        "image_url": {"url": "data:image/png;base64,AA=="}}])));
+    assert_eq!(image.param.as_deref(), Some("messages[0].content[0].type"));
+    assert!(image.message.contains("image_url"), "{}", image.message);
+
+    let text_of = |body: &Value| {
+        let (status, reply) = post(&base, "chat/completions", body);
+        assert_eq!(status, 200, "{reply}");
+        serde_json::from_value::<Reply>(reply)
+            .unwrap()
+            .text()
+            .unwrap()
+            .to_string()
+    };
+    let plain = text_of(&chat(json!("w3 w4 w5")));
+    let parts = text_of(&chat(json!([{"type": "text", "text": "w3 w4"},
+        {"type": "text", "text": " w5"}])));
+    assert_eq!(parts, plain);
 }
 
 #[test]

@@ -133,6 +133,18 @@ pub struct GenerationFields {
 pub enum Content {
     Text(String),
     Parts(Vec<ContentPart>),
+    /// Anything else (a number, an object, null, a malformed part), kept
+    /// so that the server can refuse it naming `messages[i].content`
+    /// rather than failing the whole body with serde's "did not match any
+    /// variant".
+    Unreadable(Value),
+}
+
+/// A message without `content` reads as `null`, which is refused the same way.
+impl Default for Content {
+    fn default() -> Self {
+        Content::Unreadable(Value::Null)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -146,6 +158,7 @@ pub struct ContentPart {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RequestMessage {
     pub role: String,
+    #[serde(default)]
     pub content: Content,
 }
 

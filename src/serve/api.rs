@@ -20,6 +20,9 @@ pub struct ApiError {
     pub status: StatusCode,
     pub kind: &'static str,
     pub message: String,
+    /// The request field at fault, as OpenAI's `param` names it
+    /// (`messages`, `messages[1].content`).
+    pub param: Option<String>,
 }
 
 impl ApiError {
@@ -28,6 +31,18 @@ impl ApiError {
             status: StatusCode::BAD_REQUEST,
             kind: "invalid_request_error",
             message: message.into(),
+            param: None,
+        }
+    }
+
+    /// A 400 for one field of the request: the message starts with the
+    /// field's name, which `param` carries too.
+    pub fn invalid_field(field: impl Into<String>, problem: impl std::fmt::Display) -> Self {
+        let field = field.into();
+        ApiError {
+            message: format!("{field} {problem}"),
+            param: Some(field),
+            ..ApiError::invalid("")
         }
     }
 
@@ -36,6 +51,7 @@ impl ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             kind: "server_error",
             message: message.into(),
+            param: None,
         }
     }
 
@@ -44,6 +60,7 @@ impl ApiError {
             status: StatusCode::GATEWAY_TIMEOUT,
             kind: "timeout",
             message: "the request did not finish within the server's --request-timeout".into(),
+            param: None,
         }
     }
 
@@ -53,7 +70,7 @@ impl ApiError {
             error: ErrorDetail {
                 message: self.message.clone(),
                 kind: self.kind.to_string(),
-                param: None,
+                param: self.param.clone(),
                 code: None,
             },
         }
@@ -226,39 +243,80 @@ impl GenerationFields {
 const CHAT_ROLES: [&str; 3] = ["system", "user", "assistant"];
 
 impl ChatRequest {
+    /// The messages as the chat template takes them; what OpenAI and
+    /// llama.cpp's server refuse (no messages, an unknown role, content that
+    /// is not text) is refused naming the field.
     pub fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
         if self.messages.is_empty() {
-            return Err(ApiError::invalid("messages is empty"));
+            return Err(ApiError::invalid_field(
+                "messages",
+                "is empty; a chat needs at least one message",
+            ));
         }
         self.messages
             .iter()
             .enumerate()
             .map(|(index, message)| {
                 if !CHAT_ROLES.contains(&message.role.as_str()) {
-                    return Err(ApiError::invalid(format!(
-                        "messages[{index}].role `{}` is not one of {}",
-                        message.role,
-                        CHAT_ROLES.join(", ")
-                    )));
+                    return Err(ApiError::invalid_field(
+                        format!("messages[{index}].role"),
+                        format!("`{}` is not one of {}", message.role, CHAT_ROLES.join(", ")),
+                    ));
                 }
-                let content = match &message.content {
-                    Content::Text(text) => text.clone(),
-                    Content::Parts(parts) => parts
-                        .iter()
-                        .map(|part| match (part.kind.as_str(), &part.text) {
-                            ("text", Some(text)) => Ok(text.as_str()),
-                            (kind, _) => Err(ApiError::invalid(format!(
-                                "content parts of type `{kind}` are not supported; only text"
-                            ))),
-                        })
-                        .collect::<Result<String, _>>()?,
-                };
                 Ok(ChatMessage {
                     role: message.role.clone(),
-                    content,
+                    content: message
+                        .content
+                        .text(&format!("messages[{index}].content"))?,
                 })
             })
             .collect()
+    }
+}
+
+impl Content {
+    /// The text of `field`: the string, or its text parts joined. Null is
+    /// refused for every role: it is how an assistant turn carries tool
+    /// calls, and tools are not served.
+    fn text(&self, field: &str) -> Result<String, ApiError> {
+        match self {
+            Content::Text(text) => Ok(text.clone()),
+            Content::Parts(parts) => parts
+                .iter()
+                .enumerate()
+                .map(|(index, part)| match (part.kind.as_str(), &part.text) {
+                    ("text", Some(text)) => Ok(text.as_str()),
+                    ("text", None) => Err(ApiError::invalid_field(
+                        format!("{field}[{index}].text"),
+                        "is missing from a text part",
+                    )),
+                    (kind, _) => Err(ApiError::invalid_field(
+                        format!("{field}[{index}].type"),
+                        format!("`{kind}` is not supported by prism serve; only text parts are"),
+                    )),
+                })
+                .collect(),
+            Content::Unreadable(value) => Err(ApiError::invalid_field(
+                field,
+                format!(
+                    "is {}; it must be a string or an array of parts like \
+                     {{\"type\": \"text\", \"text\": \"…\"}}",
+                    json_kind(value)
+                ),
+            )),
+        }
+    }
+}
+
+/// What a JSON value is, for an error message.
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null or missing",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array holding something other than content parts",
+        Value::Object(_) => "an object",
     }
 }
 

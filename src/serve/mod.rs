@@ -180,6 +180,7 @@ async fn not_found() -> ApiError {
         status: StatusCode::NOT_FOUND,
         kind: "invalid_request_error",
         message: "no such endpoint".into(),
+        param: None,
     }
 }
 
@@ -267,6 +268,7 @@ fn parse<T: serde::de::DeserializeOwned>(
         status: rejection.status(),
         kind: "invalid_request_error",
         message: rejection.body_text(),
+        param: None,
     })?;
     serde_json::from_slice(&body).map_err(|e| ApiError::invalid(format!("request body: {e}")))
 }
@@ -294,6 +296,7 @@ impl App {
                 status: StatusCode::UNAUTHORIZED,
                 kind: "authentication_error",
                 message: "missing or wrong API key (Authorization: Bearer …)".into(),
+                param: None,
             })
         }
     }

@@ -136,4 +136,61 @@ fn a_role_no_template_knows_is_refused() {
         error.message,
         "messages[1].role `wizard` is not one of system, user, assistant"
     );
+    assert_eq!(error.param.as_deref(), Some("messages[1].role"));
+}
+
+/// The refusal of a chat request's messages: the field it names and its message.
+fn refused_messages(body: serde_json::Value) -> (Option<String>, String) {
+    let error = chat(body).messages().unwrap_err();
+    assert_eq!(error.status, axum::http::StatusCode::BAD_REQUEST);
+    assert_eq!(error.body().error.param, error.param);
+    (error.param, error.message)
+}
+
+#[test]
+fn an_empty_chat_is_refused_naming_messages() {
+    let (param, message) = refused_messages(serde_json::json!({"messages": []}));
+    assert_eq!(param.as_deref(), Some("messages"));
+    assert!(message.starts_with("messages is empty"), "{message}");
+}
+
+#[test]
+fn content_that_is_not_text_is_refused_naming_the_message() {
+    for (content, kind) in [
+        (serde_json::json!(42), "a number"),
+        (serde_json::json!({"text": "Hi"}), "an object"),
+        (serde_json::Value::Null, "null"),
+        (serde_json::json!([{"text": "no type"}]), "an array"),
+    ] {
+        let (param, message) = refused_messages(serde_json::json!({
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": content}],
+        }));
+        assert_eq!(param.as_deref(), Some("messages[1].content"));
+        assert!(
+            message.starts_with(&format!("messages[1].content is {kind}")),
+            "{message}"
+        );
+    }
+    // A message without content reads as null.
+    let (param, _) = refused_messages(serde_json::json!({"messages": [{"role": "user"}]}));
+    assert_eq!(param.as_deref(), Some("messages[0].content"));
+}
+
+#[test]
+fn text_parts_are_joined_and_other_parts_refused_by_type() {
+    let request = chat(
+        serde_json::json!({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}]}),
+    );
+    assert_eq!(request.messages().unwrap()[0].content, "Hello");
+    let (param, message) = refused_messages(
+        serde_json::json!({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]}),
+    );
+    assert_eq!(param.as_deref(), Some("messages[0].content[1].type"));
+    assert!(
+        message.contains("`image_url` is not supported"),
+        "{message}"
+    );
 }
