@@ -1,16 +1,5 @@
 //! The grammar of the revision lines a model may write, derived from the
-//! schema and the memory as it stands, for constrained decoding: every line
-//! it admits parses as a revision whose value type-checks at its path.
-//!
-//! The grammar is in llguidance's Lark dialect; each value is an inline
-//! `%json` schema taken from the memory schema at that path. [`gbnf`] renders
-//! the same lines in llama.cpp's GBNF for servers that read no Lark. It admits no
-//! revision at all, since a chunk may add nothing. Bounds on the number of
-//! lines, string length and list size are a safety net against a model that
-//! would write forever; they are sized not to bind in normal use, and
-//! [`binds_a_limit`] tells when one did. The same string bound makes the JSON
-//! Schema of a whole memory, for methods that have the model write the memory
-//! out instead of revising it.
+//! schema and the memory as it stands: every line it admits applies cleanly.
 
 mod gbnf;
 
@@ -52,6 +41,14 @@ pub fn revision_grammar(
 /// [`revision_grammar`] as a constraint that also carries its GBNF rendering,
 /// for servers of the llama.cpp family. A schema whose key pattern GBNF cannot
 /// express gets the Lark grammar alone.
+///
+/// Each value is an inline `%json` schema taken from the memory schema at
+/// its path, and the grammar admits no line at all, since a chunk may add
+/// nothing. The bounds on lines, string length and list size are a safety
+/// net against a model that would write forever, sized not to bind in
+/// normal use; [`binds_a_limit`] tells when one did. The same string bound
+/// makes the JSON Schema of a whole memory, for methods that have the model
+/// write the memory out instead of revising it.
 pub fn revision_constraint(
     schema: &Schema,
     memory: &Value,

@@ -1,23 +1,5 @@
-//! Screening revisions for content that adds nothing: a value the memory
-//! already holds (a *duplicate*), text lifted from the instructions,
-//! examples or schema the model was shown (an *echo*), a run of words
-//! copied from the chunk instead of noted in the model's own words (a
-//! *copy*), or a note whose words are mostly not in what was read (an
-//! *ungrounded* note: the model writing what it knows of the world).
-//!
-//! [`apply`](super::apply) checks that a revision fits the schema; this
-//! checks that it says something new. Small models under greedy decoding
-//! repeat their last line, or copy the schema's description into the
-//! memory; both look valid and both crowd out what the document says.
-//!
-//! Strings are compared as lowercase words with punctuation dropped. A string
-//! is a duplicate of an existing one when their words are the same, or, for
-//! strings of four or more words, when the two word sets share at least
-//! [`NEAR_DUPLICATE_JACCARD`] of their union. A string of four or more words
-//! is an echo when at least [`ECHO_SHARE`] of its word 4-grams occur in the
-//! reference text, and so is a new key or a shorter string that is a name of
-//! two or three capitalized words in the reference (lifted from a worked
-//! example). Numbers and booleans pass.
+//! Screening revisions for what adds nothing: a duplicate of the memory, an
+//! echo of the prompt, a copy of the chunk, an ungrounded or first-person note.
 
 use std::collections::HashSet;
 
@@ -109,6 +91,22 @@ pub struct Screened {
 /// The text a revision must not copy, indexed by word 4-grams, and by the
 /// two- and three-word names a new key or a short note could lift from it (a
 /// person in a worked example, say).
+///
+/// [`apply`](super::apply) checks that a revision fits the schema; a screen
+/// checks that it says something new. Small models under greedy decoding
+/// repeat their last line, or copy the schema's description into the
+/// memory; both look valid and both crowd out what the document says.
+///
+/// Strings are compared as lowercase words with punctuation dropped. A string
+/// is a duplicate of an existing one when their words are the same, or, for
+/// strings of four or more words, when the two word sets share at least
+/// [`NEAR_DUPLICATE_JACCARD`] of their union. A string of four or more words
+/// is an echo when at least [`ECHO_SHARE`] of its word 4-grams occur in the
+/// reference text, and so is a new key or a shorter string that is a name of
+/// two or three capitalized words in the reference (lifted from a worked
+/// example). A note whose words are mostly not in what was read is
+/// ungrounded: the model writing what it knows of the world. Numbers and
+/// booleans pass.
 #[derive(Debug, Clone, Default)]
 pub struct Screen {
     reference: HashSet<[String; 4]>,
