@@ -207,10 +207,7 @@ async fn tokenize(
     headers: HeaderMap,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Response {
-    let request = app
-        .authorize(&headers)
-        .and_then(|()| parse::<TokenizeRequest>(body));
-    let request = match request {
+    let request = match app.read::<TokenizeRequest>(&headers, body) {
         Ok(request) => request,
         Err(error) => return error.into_response(),
     };
@@ -233,8 +230,7 @@ async fn chat_completions(
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Response {
     let request = app
-        .authorize(&headers)
-        .and_then(|()| parse::<ChatRequest>(body))
+        .read::<ChatRequest>(&headers, body)
         .and_then(|request| Ok((request.messages()?, request.fields)));
     match request {
         Ok((messages, fields)) => {
@@ -251,8 +247,7 @@ async fn completions(
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Response {
     let request = app
-        .authorize(&headers)
-        .and_then(|()| parse::<CompletionRequest>(body))
+        .read::<CompletionRequest>(&headers, body)
         .and_then(|request| Ok((request.prompt()?, request.fields)));
     match request {
         Ok((prompt, fields)) => app.respond(Kind::Text, prompt, &fields).await,
@@ -281,6 +276,16 @@ enum Kind {
 }
 
 impl App {
+    /// The request in `body`, once `headers` show it may be made.
+    fn read<T: serde::de::DeserializeOwned>(
+        &self,
+        headers: &HeaderMap,
+        body: std::result::Result<Bytes, BytesRejection>,
+    ) -> std::result::Result<T, ApiError> {
+        self.authorize(headers)?;
+        parse(body)
+    }
+
     fn authorize(&self, headers: &HeaderMap) -> std::result::Result<(), ApiError> {
         let Some(key) = &self.options.api_key else {
             return Ok(());

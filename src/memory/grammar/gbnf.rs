@@ -363,12 +363,18 @@ mod tests {
     }
 
     /// Each line as both dialects take it, with what they should say.
-    fn assert_both(schema: &Schema, memory: &Value, updates: bool, cases: &[(&str, bool)]) {
+    fn assert_both<T: AsRef<str>>(
+        schema: &Schema,
+        memory: &Value,
+        updates: bool,
+        cases: &[(T, bool)],
+    ) {
         let lines = RevisionLines::new(schema, memory, updates);
         let lark = lark_grammar(&lines, 3);
         let gbnf = revision_grammar(&lines, 3).unwrap();
         let from_gbnf = lark_of_gbnf(&gbnf);
         for (text, expected) in cases {
+            let text = text.as_ref();
             assert_eq!(accepts(&lark, text), *expected, "Lark: {text:?}\n{lark}");
             assert_eq!(
                 accepts(&from_gbnf, text),
@@ -419,10 +425,6 @@ mod tests {
             ),
             (note("no line break").trim_end().to_string(), false),
         ];
-        let cases: Vec<(&str, bool)> = cases
-            .iter()
-            .map(|(text, ok)| (text.as_str(), *ok))
-            .collect();
         assert_both(&load("summary.json"), &memory, true, &cases);
     }
 
@@ -436,10 +438,6 @@ mod tests {
             (line("add", "$.'retry'", reordered), false),
             (line("add", "$.'retry'", short), false),
         ];
-        let cases: Vec<(&str, bool)> = cases
-            .iter()
-            .map(|(text, ok)| (text.as_str(), *ok))
-            .collect();
         assert_both(&load("code.json"), &json!({}), false, &cases);
 
         let cases = [
@@ -461,10 +459,6 @@ mod tests {
                 true,
             ),
         ];
-        let cases: Vec<(&str, bool)> = cases
-            .iter()
-            .map(|(text, ok)| (text.as_str(), *ok))
-            .collect();
         assert_both(&load("sql.json"), &json!({}), false, &cases);
     }
 
@@ -482,10 +476,6 @@ mod tests {
             (line("add", "$.'seven_x'", "false"), false),
             (line("add", "$.'on'", "1"), false),
         ];
-        let cases: Vec<(&str, bool)> = cases
-            .iter()
-            .map(|(text, ok)| (text.as_str(), *ok))
-            .collect();
         assert_both(&schema, &json!({}), false, &cases);
     }
 
@@ -500,10 +490,6 @@ mod tests {
             (line("add", "$.'Open'", "\"yes\""), true),
             (line("add", "$.'Open'", "\"maybe\""), false),
         ];
-        let cases: Vec<(&str, bool)> = cases
-            .iter()
-            .map(|(text, ok)| (text.as_str(), *ok))
-            .collect();
         assert_both(&schema, &json!({}), false, &cases);
     }
 
