@@ -75,9 +75,21 @@ pub fn apply_revisions(
     updates: bool,
     screen: Option<&Screen>,
 ) -> (Vec<Revision>, Vec<Refused>) {
+    apply_parsed(memory, parse_revisions(output), schema, updates, screen)
+}
+
+/// [`apply_revisions`] for revisions already parsed, for a caller that lays
+/// them out first.
+pub fn apply_parsed(
+    memory: &mut Value,
+    revisions: Vec<Result<Revision, String>>,
+    schema: &Schema,
+    updates: bool,
+    screen: Option<&Screen>,
+) -> (Vec<Revision>, Vec<Refused>) {
     let mut applied = Vec::new();
     let mut rejected = Vec::new();
-    for parsed in parse_revisions(output) {
+    for parsed in revisions {
         let revision = match parsed {
             Ok(revision) => without_cut_sentences(revision),
             Err(reason) => {

@@ -20,6 +20,7 @@
 //! prompt are in `prompt.rs`.
 
 mod answer;
+mod notes;
 mod prompt;
 mod reading;
 
@@ -28,7 +29,7 @@ use crate::engine::{is_zero, LineVerdict};
 use crate::error::Result;
 use crate::llm::{Llm, Prompt};
 use crate::memory::grammar::{binds_a_limit, revision_constraint, MAX_LINES};
-use crate::memory::revise::{apply_revisions, RefusalKind, Refused};
+use crate::memory::revise::{apply_parsed, apply_revisions, RefusalKind, Refused};
 use crate::memory::{
     apply, parse_revisions, render_in_place, Amendments, Op, RejectionKind, Revision, Schema,
     Screen,
@@ -544,17 +545,22 @@ impl<'a> Prism<'a> {
         adds_again_where_refused || screen.goes_round(&memory, &revision)
     }
 
-    /// Parse `output`, take out of each revision what is redundant, and apply
-    /// what is left when it checks out, in order.
+    /// Parse `output`, lay a summary's notes out one sentence each, take out
+    /// of each revision what is redundant, and apply what is left when it
+    /// checks out, in order.
     fn fold(
         &self,
         screen: &Screen,
         state: &mut PrismState,
         output: &str,
     ) -> (Vec<Revision>, Vec<Refused>) {
-        let (applied, rejected) = apply_revisions(
+        let mut revisions = parse_revisions(output);
+        if self.config.answer_form == AnswerForm::Summary {
+            revisions = notes::one_sentence_per_note(revisions);
+        }
+        let (applied, rejected) = apply_parsed(
             &mut state.memory,
-            output,
+            revisions,
             self.schema,
             self.config.updates,
             Some(screen),
@@ -668,7 +674,7 @@ impl Method for Prism<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::answer::notes_named_first;
+    use super::answer::cast_and_notes;
     use super::*;
     use serde_json::json;
 
@@ -690,16 +696,34 @@ mod tests {
     }
 
     #[test]
-    fn named_notes_come_before_the_others() {
+    fn a_summary_opens_with_the_people_the_notes_name_most() {
         let memory = serde_json::json!({
-            "events": ["A fog came."],
-            "people": {"Ada": ["The keeper."]},
+            "events": ["Wenna Cole waited in the lee.", "Tomas fired a flare.", "Tomas rang the bell.", "A gale came."],
+            "people": {
+                "Ada Penhallow": ["the writer."],
+                "Tomas Reddick": ["the assistant keeper", "He rang the bell."],
+                "Wenna Cole": ["A skipper who waited out the fog in the lee of the rock until the next noon."],
+            },
             "themes": ["Duty."]
         });
+        let (cast, notes) = cast_and_notes(&memory, 30);
         assert_eq!(
-            notes_named_first(&memory),
-            ["Ada: The keeper.", "A fog came.", "Duty."]
+            cast,
+            "The people in it include Tomas Reddick (the assistant keeper), Wenna Cole and Ada Penhallow (the writer)."
         );
+        assert_eq!(notes.last().map(String::as_str), Some("Duty."));
+        assert_eq!(
+            notes.len(),
+            5,
+            "named notes are told by the cast: {notes:?}"
+        );
+        let (short, _) = cast_and_notes(&memory, 8);
+        assert_eq!(
+            short,
+            "The people in it include Tomas Reddick (the assistant keeper)."
+        );
+        let (none, _) = cast_and_notes(&serde_json::json!({"events": ["A gale came."]}), 30);
+        assert!(none.is_empty());
     }
 
     #[test]

@@ -1,0 +1,182 @@
+//! A step's notes laid out one sentence to a note, with a sentence that the
+//! grammar's length bound split across two lines joined again.
+
+use crate::memory::grammar::MAX_STRING_CHARS;
+use crate::memory::{JsonPath, Op, Revision};
+use crate::sentences::split_sentences;
+use serde_json::Value;
+
+/// `revisions` with each string note an `add` appends made a sentence of its
+/// own. Shown a chunk's summary, Qwen2.5-Coder-1.5B copies it into notes
+/// several sentences at a time, until a note reaches the grammar's length
+/// bound and is cut mid-sentence; it then goes on with the rest of that
+/// sentence on the next line ("break forth in malice. Rosalind and…"). A
+/// line that opens in lowercase after a note that stopped mid-sentence is
+/// joined to it, and a sentence a cut left unfinished that no line goes on
+/// with is dropped, as [`crate::memory::revise`] drops one in a single
+/// line. Every other revision passes as it is, in its place.
+pub(super) fn one_sentence_per_note(
+    revisions: Vec<Result<Revision, String>>,
+) -> Vec<Result<Revision, String>> {
+    let mut laid_out = Vec::new();
+    let mut open: Option<Run> = None;
+    for revision in revisions {
+        match revision {
+            Ok(Revision {
+                op: Op::Add,
+                path,
+                value: Value::String(note),
+            }) => match &mut open {
+                Some(run) if run.path == path && run.goes_on_with(&note) => run.extend(&note),
+                _ => {
+                    laid_out.extend(open.take().into_iter().flat_map(Run::sentences));
+                    open = Some(Run::new(path, &note));
+                }
+            },
+            other => {
+                laid_out.extend(open.take().into_iter().flat_map(Run::sentences));
+                laid_out.push(other);
+            }
+        }
+    }
+    laid_out.extend(open.into_iter().flat_map(Run::sentences));
+    laid_out
+}
+
+/// Consecutive notes added at one path that together are whole sentences.
+struct Run {
+    path: JsonPath,
+    text: String,
+    /// The last note reached the length bound, so its last sentence may be unfinished.
+    cut: bool,
+}
+
+impl Run {
+    fn new(path: JsonPath, note: &str) -> Run {
+        Run {
+            path,
+            text: note.trim().to_string(),
+            cut: reaches_the_bound(note),
+        }
+    }
+
+    /// Whether `note` goes on with a sentence this run left unfinished.
+    fn goes_on_with(&self, note: &str) -> bool {
+        !ends_a_sentence(&self.text) && note.trim_start().starts_with(char::is_lowercase)
+    }
+
+    fn extend(&mut self, note: &str) {
+        self.text.push(' ');
+        self.text.push_str(note.trim());
+        self.cut = reaches_the_bound(note);
+    }
+
+    fn sentences(self) -> impl Iterator<Item = Result<Revision, String>> {
+        let mut sentences = split_sentences(&self.text);
+        if self.cut && sentences.len() > 1 && sentences.last().is_some_and(|s| !ends_a_sentence(s))
+        {
+            sentences.pop();
+        }
+        let path = self.path;
+        sentences
+            .into_iter()
+            .map(move |sentence| Ok(Revision::add(path.clone(), Value::String(sentence))))
+    }
+}
+
+fn reaches_the_bound(note: &str) -> bool {
+    note.chars().count() >= MAX_STRING_CHARS
+}
+
+fn ends_a_sentence(text: &str) -> bool {
+    text.trim_end()
+        .ends_with(['.', '!', '?', '"', '\'', '\u{201d}', '\u{2019}'])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{parse_revisions, render_revision};
+
+    fn notes(lines: &[(&str, &str)]) -> Vec<Result<Revision, String>> {
+        let text: String = lines
+            .iter()
+            .map(|(path, note)| {
+                render_revision(&Revision::add(
+                    JsonPath::parse(path).unwrap(),
+                    Value::String(note.to_string()),
+                ))
+            })
+            .collect();
+        parse_revisions(&text)
+    }
+
+    fn values(revisions: &[Result<Revision, String>]) -> Vec<String> {
+        revisions
+            .iter()
+            .map(|revision| {
+                let revision = revision.as_ref().unwrap();
+                format!(
+                    "{} {}",
+                    revision.path,
+                    revision.value.as_str().unwrap_or("-")
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_note_of_several_sentences_becomes_one_note_each() {
+        let laid_out = one_sentence_per_note(notes(&[(
+            "$.events",
+            "Mr. Vass inspected the tower. He found the glass cracked!",
+        )]));
+        assert_eq!(
+            values(&laid_out),
+            [
+                "$.events Mr. Vass inspected the tower.",
+                "$.events He found the glass cracked!"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_sentence_split_across_lines_is_joined_and_an_unfinished_cut_dropped() {
+        let cut_head = format!(
+            "{} Rosalind then warns that the duke will soon",
+            "Celia comforts her cousin Rosalind at court.".repeat(6)
+        );
+        assert!(reaches_the_bound(&cut_head));
+        let cut_tail = format!(
+            "break out in anger. {} Celia plans to",
+            "They decide to leave for the forest.".repeat(7)
+        );
+        assert!(reaches_the_bound(&cut_tail));
+        let laid_out = one_sentence_per_note(notes(&[
+            ("$.events", &cut_head),
+            ("$.events", &cut_tail),
+            ("$.people.'Celia'", "the duke's daughter"),
+            ("$.events", "They reach the forest."),
+            (
+                "$.events",
+                "lowercase after a whole note stays a note of its own.",
+            ),
+        ]));
+        let laid_out = values(&laid_out);
+        assert!(laid_out.contains(
+            &"$.events Rosalind then warns that the duke will soon break out in anger.".to_string()
+        ));
+        assert!(!laid_out.iter().any(|note| note.contains("Celia plans to")));
+        assert!(!laid_out
+            .iter()
+            .any(|note| note.starts_with("$.events break")));
+        assert_eq!(
+            laid_out[laid_out.len() - 3..],
+            [
+                "$.people.Celia the duke's daughter",
+                "$.events They reach the forest.",
+                "$.events lowercase after a whole note stays a note of its own."
+            ]
+        );
+    }
+}
