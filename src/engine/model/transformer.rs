@@ -5,9 +5,10 @@
 //! whose length is the position of the first token given.
 
 use super::attention::{batch_attention, prompt_attention};
-use super::rowwise::{f32_on_cpu, rms_norm, swiglu};
 use super::weights::{Embedding, Linear, Pass, PrefillWeights, Projections, WeightFile};
-use super::{cpu_values, Config};
+use super::Config;
+use crate::engine::kernels::cpu_values;
+use crate::engine::kernels::rowwise::{f32_on_cpu, rms_norm, swiglu};
 use crate::engine::kv_cache::{KvCache, KvDtype};
 use crate::engine::pool::each_on_pool;
 use crate::error::{CandleContext, Result};

@@ -12,8 +12,8 @@
 //! - for prompt tokens (prefill) a dense f32 copy runs a GEMM when
 //!   [`PrefillWeights::Dense`] is chosen, for every weight candle multiplies.
 
-use super::interleaved::{InterleavedMatmul, Interleaver, GROUP};
-use super::rowwise::rms_norm;
+use crate::engine::kernels::rowwise::rms_norm;
+use crate::engine::kernels::{InterleavedMatmul, Interleaver, GROUP};
 use crate::error::{CandleContext, Error, Result};
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::safetensors::MmapedSafetensors;
@@ -1016,7 +1016,7 @@ mod tests {
         else {
             panic!("q, k and v stored alike are stacked");
         };
-        let streamed = super::super::has_avx2_fma_f16c();
+        let streamed = crate::engine::kernels::has_avx2_fma_f16c();
         assert_eq!(
             matches!(stacked.weight, DecodeWeight::Interleaved(_)),
             streamed
