@@ -6,6 +6,7 @@
 //! model code with small variations.
 
 mod attention;
+mod rope;
 mod transformer;
 mod weights;
 
