@@ -8,10 +8,11 @@
 mod attention;
 mod rope;
 mod transformer;
+mod weight_file;
 mod weights;
 
 pub use transformer::{Rows, Transformer, PREFILL_BATCH};
-pub(crate) use weights::WeightFile;
+pub(crate) use weight_file::WeightFile;
 pub use weights::{Pass, PrefillWeights};
 
 use crate::error::{Error, Result};

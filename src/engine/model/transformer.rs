@@ -6,7 +6,8 @@
 
 use super::attention::{batch_attention, prompt_attention};
 use super::rope::Rope;
-use super::weights::{Embedding, Linear, Pass, PrefillWeights, Projections, WeightFile};
+use super::weight_file::WeightFile;
+use super::weights::{Embedding, Linear, Pass, PrefillWeights, Projections};
 use super::Config;
 use crate::engine::kernels::rowwise::{rms_norm, swiglu};
 use crate::engine::kv_cache::{KvCache, KvDtype};
