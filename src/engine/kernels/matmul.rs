@@ -438,8 +438,9 @@ impl InterleavedMatmul {
         }
     }
 
-    /// [`quantize`], in vector instructions where the kernels run, with one
-    /// scale for the input blocks that meet one weight block.
+    /// [`quantize`](super::quant::quantize), in vector instructions where
+    /// the kernels run, with one scale for the input blocks that meet one
+    /// weight block.
     fn quantize(&self, row: &[f32], blocks: &mut [InputBlock]) {
         let span = self.format.values();
         #[cfg(target_arch = "x86_64")]

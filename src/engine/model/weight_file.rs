@@ -126,10 +126,9 @@ impl WeightFile {
     /// after row into one matmul for our own kernel and reordered as they are
     /// read from a GGUF file, a few groups of rows at a time; when
     /// `requantize`, a type the kernel does not take is re-quantized to Q8_0
-    /// on the way, as [`decode_weight`](super::weights::decode_weight) does.
-    /// Read whole, a weight's file bytes, candle's blocks of them and the
-    /// reordered copy were held at once: Qwen2.5-0.5B's load peaked at 979 MB
-    /// for 711 MB loaded.
+    /// on the way, as `decode_weight` does. Read whole, a weight's file
+    /// bytes, candle's blocks of them and the reordered copy were held at
+    /// once: Qwen2.5-0.5B's load peaked at 979 MB for 711 MB loaded.
     ///
     /// `None` where the kernel does not take them: from safetensors files,
     /// on another device, stored in different types or in one it cannot
