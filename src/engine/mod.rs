@@ -8,6 +8,7 @@ pub mod chat;
 pub mod constraint;
 pub mod device;
 mod generate;
+mod kernels;
 pub mod kv_cache;
 pub mod model;
 pub mod perplexity;

@@ -6,48 +6,17 @@
 //! model code with small variations.
 
 mod attention;
-#[cfg(target_arch = "x86_64")]
-mod exp;
-mod interleaved;
-mod rowwise;
+mod rope;
 mod transformer;
+mod weight_file;
 mod weights;
 
-/// Whether this CPU runs the vector kernels of [`attention`] and [`interleaved`]:
-/// x86-64 with AVX2, FMA and F16C (every AVX2 CPU has the last).
-fn has_avx2_fma_f16c() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// The f32 values of a contiguous CPU tensor, read through the guard its
-/// `storage_and_layout` gave.
-fn cpu_values<'a>(
-    (storage, layout): &'a (impl Deref<Target = Storage>, &Layout),
-) -> candle_core::Result<&'a [f32]> {
-    let Storage::Cpu(storage) = &**storage else {
-        candle_core::bail!("reading the values of a tensor that is not on the CPU");
-    };
-    let count = layout.shape().elem_count();
-    Ok(&storage.as_slice::<f32>()?[layout.start_offset()..][..count])
-}
-
 pub use transformer::{Rows, Transformer, PREFILL_BATCH};
-pub(crate) use weights::WeightFile;
+pub(crate) use weight_file::WeightFile;
 pub use weights::{Pass, PrefillWeights};
 
 use crate::error::{Error, Result};
 use candle_core::quantized::gguf_file;
-use candle_core::{Layout, Storage};
-use std::ops::Deref;
 use std::path::Path;
 
 /// The model families prism can run.

@@ -104,7 +104,7 @@ mod tests {
 
     #[test]
     fn exp_is_within_two_units_in_the_last_place() {
-        if !crate::engine::model::has_avx2_fma_f16c() {
+        if !crate::engine::kernels::has_avx2_fma_f16c() {
             return;
         }
         let xs: Vec<f32> = (0..159_000).map(|i| 88.0 - (i as f32) * 0.001_1).collect();
@@ -124,7 +124,7 @@ mod tests {
 
     #[test]
     fn swiglu_is_within_a_few_units_in_the_last_place_of_the_scalar_formula() {
-        if !crate::engine::model::has_avx2_fma_f16c() {
+        if !crate::engine::kernels::has_avx2_fma_f16c() {
             return;
         }
         // Eight-value runs and a part, across the gates' whole useful range.

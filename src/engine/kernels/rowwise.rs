@@ -15,7 +15,7 @@ const SWIGLU_CHUNK: usize = 2048;
 /// on the CPU take one pass on candle's pool; as two candle ops they ran on
 /// one thread, 3 ms of a sixteen-sequence SmolLM2 decode step, long enough
 /// for the pool's other thread to park before the next matmul woke it.
-pub(super) fn swiglu(gate: &Tensor, up: &Tensor) -> candle_core::Result<Tensor> {
+pub(crate) fn swiglu(gate: &Tensor, up: &Tensor) -> candle_core::Result<Tensor> {
     if !(f32_on_cpu(gate) && f32_on_cpu(up)) || gate.shape() != up.shape() {
         return candle_nn::ops::silu(gate)? * up;
     }
@@ -47,7 +47,7 @@ const NORM_ROWS_IN_PLACE: usize = 32;
 /// output is written once, uncleared: in a sixteen-sequence decode step the
 /// norm's samples fell from 391 to 325, the rest mostly gathering each
 /// row's value into the shared register.
-pub(super) fn rms_norm(x: &Tensor, alpha: &Tensor, eps: f32) -> candle_core::Result<Tensor> {
+pub(crate) fn rms_norm(x: &Tensor, alpha: &Tensor, eps: f32) -> candle_core::Result<Tensor> {
     let width = x.dim(candle_core::D::Minus1)?;
     if !(f32_on_cpu(x) && f32_on_cpu(alpha)) || alpha.dims1()? != width || width == 0 {
         return candle_nn::ops::rms_norm(x, alpha, eps);
@@ -131,7 +131,7 @@ fn sums_of_squares<const N: usize>(rows: &[f32], width: usize, sums: &mut [f32])
 
 /// Whether `t` holds f32 values in the CPU's memory, as the passes written
 /// here for the CPU read them.
-pub(super) fn f32_on_cpu(t: &Tensor) -> bool {
+pub(crate) fn f32_on_cpu(t: &Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == DType::F32
 }
 
