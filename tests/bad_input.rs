@@ -324,6 +324,20 @@ fn resume_without_a_checkpoint_refuses_and_touches_nothing() {
 }
 
 #[test]
+fn resume_with_other_settings_refuses_and_touches_nothing() {
+    let fixture = Fixture::new();
+    let (success, _, stderr) = fixture.summarize(&["--stop-after-chunks", "2"]);
+    assert!(success, "{stderr}");
+    let (steps, checkpoint) = (fixture.read("steps.jsonl"), fixture.read("checkpoint.json"));
+    assert_ends_with_one_error_line(
+        &fixture.summarize(&["--resume", "--temperature", "0.5"]),
+        "this run directory was started with different settings",
+    );
+    assert_eq!(fixture.read("steps.jsonl"), steps);
+    assert_eq!(fixture.read("checkpoint.json"), checkpoint);
+}
+
+#[test]
 fn a_corrupt_checkpoint_costs_one_step_not_the_run() {
     let fixture = Fixture::new();
     let (success, _, stderr) = fixture.summarize(&["--stop-after-chunks", "2"]);

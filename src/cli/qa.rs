@@ -66,7 +66,7 @@ fn generate(args: GenerateQaArgs) -> Result<()> {
         chunk_tokens: args.chunk_tokens,
         first_tokens: args.first_tokens,
     };
-    let document = Document::prepare(backend.format(), &args.document, &text, chunking, None)?;
+    let document = Document::prepare(backend.format(), &args.document, &text, chunking)?;
     let options = GenerateOptions {
         sampling,
         ..GenerateOptions::default()

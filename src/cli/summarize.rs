@@ -8,7 +8,7 @@ use anyhow::Result;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args};
 use prism::engine::sampling::SamplingConfig;
-use prism::job::{Chunking, Document, Job};
+use prism::job::{self, Chunking, Documents, Job, Request};
 use prism::methods::MethodSpec;
 use prism::run::Outcome;
 use std::path::{Path, PathBuf};
@@ -111,11 +111,26 @@ fn run_job(args: &RunArgs, spec: MethodSpec, source: &Path, text: &str) -> Resul
         Job::check_resumable(&args.out)?;
     }
     let mut backend = args.backend.load()?;
-    let chunking = Chunking {
-        chunk_tokens: args.chunk_tokens,
-        first_tokens: args.first_tokens,
+    let request = Request {
+        source,
+        text,
+        spec: &spec,
+        chunking: Chunking {
+            chunk_tokens: args.chunk_tokens,
+            first_tokens: args.first_tokens,
+        },
+        sampling: &sampling,
+        out: &args.out,
+        resume: args.resume,
     };
-    let document = Document::prepare(backend.format(), source, text, chunking, Some(&spec))?;
+    let mut documents = Documents::default();
+    let index = job::prepare(
+        backend.format(),
+        &backend.identity(),
+        &mut documents,
+        &request,
+    )?;
+    let document = &documents[index];
     note!(
         "{}: {} tokens; reading {} chunk{} of up to {} tokens",
         source.display(),
@@ -126,7 +141,7 @@ fn run_job(args: &RunArgs, spec: MethodSpec, source: &Path, text: &str) -> Resul
     );
     let job = Job {
         spec: &spec,
-        document: &document,
+        document,
         sampling: &sampling,
         out: &args.out,
         resume: args.resume,

@@ -174,8 +174,8 @@ pub fn run(
     let bench = RunDir::create(out)?;
     let mut rows: Vec<Row> = bench.read_jsonl(RESULTS)?;
     write_reports(&bench, &rows)?;
-    let (documents, plan) = plan(sweep, backend.format())?;
     let identity = backend.identity();
+    let (documents, plan) = plan(sweep, backend.format(), &identity)?;
     let pending = unfinished(&plan, &rows, out, |planned| {
         planned
             .job(&documents, &sweep.sampling, sweep.resume)

@@ -6,7 +6,8 @@ use crate::bench::results::{self, Row};
 use crate::engine::prompt_format::PromptFormat;
 use crate::engine::sampling::SamplingConfig;
 use crate::error::{Error, Result};
-use crate::job::{Chunking, Document, Job};
+use crate::job::{self, Chunking, Document, Documents, Job, Request};
+use crate::llm::BackendIdentity;
 use crate::methods::MethodSpec;
 use crate::run::dir::RunDir;
 use std::path::{Path, PathBuf};
@@ -89,41 +90,34 @@ pub(super) fn unfinished<'p>(
 pub(super) fn plan<'a>(
     sweep: &'a Sweep,
     format: &PromptFormat,
-) -> Result<(Vec<Document>, Vec<Planned<'a>>)> {
-    let mut documents: Vec<Document> = Vec::new();
-    // The file each split was made from, by index into `documents`.
-    let mut split_from: Vec<&Path> = Vec::new();
+    engine: &BackendIdentity,
+) -> Result<(Documents, Vec<Planned<'a>>)> {
+    let mut documents = Documents::default();
     let mut plan = Vec::new();
     for (source, input) in sweep.documents.iter().enumerate() {
-        let earlier = split_from.iter().position(|path| *path == input.path);
-        let document_tokens = match earlier {
-            Some(index) => documents[index].tokens,
-            None => Document::count(format, &input.path, &input.text)?,
-        };
         for &chunk_tokens in &sweep.chunk_sizes {
             for method in &sweep.methods {
-                let chunking = Chunking {
-                    chunk_tokens,
-                    first_tokens: sweep.first_tokens,
+                let name = format!("{}-{chunk_tokens}", method.name);
+                let run_dir = match sweep.documents.len() {
+                    1 => format!("{RUNS}/{name}"),
+                    _ => format!("{RUNS}/{}/{name}", input.name()),
                 };
-                let size = chunking.size_for(&method.spec, document_tokens)?;
-                let split = (0..documents.len()).find(|&index| {
-                    split_from[index] == input.path && documents[index].chunk_tokens == size
-                });
-                let document = match split {
-                    Some(index) => index,
-                    None => {
-                        documents.push(Document::split(
-                            format,
-                            &input.text,
-                            document_tokens,
-                            size,
-                            sweep.first_tokens,
-                        )?);
-                        split_from.push(&input.path);
-                        documents.len() - 1
-                    }
+                let path = sweep.out.join(&run_dir);
+                let request = Request {
+                    source: &input.path,
+                    text: &input.text,
+                    spec: &method.spec,
+                    chunking: Chunking {
+                        chunk_tokens,
+                        first_tokens: sweep.first_tokens,
+                    },
+                    sampling: &sweep.sampling,
+                    out: &path,
+                    // A sweep's run resumes where it has a checkpoint and
+                    // needs none; `unfinished` and the run itself check them.
+                    resume: false,
                 };
+                let document = job::prepare(format, engine, &mut documents, &request)?;
                 let spec = match &input.task {
                     Some(task) => method
                         .spec
@@ -131,18 +125,13 @@ pub(super) fn plan<'a>(
                         .ok_or_else(|| cannot_answer(method))?,
                     None => method.spec.clone(),
                 };
-                let name = format!("{}-{chunk_tokens}", method.name);
-                let run_dir = match sweep.documents.len() {
-                    1 => format!("{RUNS}/{name}"),
-                    _ => format!("{RUNS}/{}/{name}", input.name()),
-                };
                 plan.push(Planned {
                     method,
                     spec,
                     chunk_tokens,
                     source,
                     document,
-                    path: sweep.out.join(&run_dir),
+                    path,
                     run_dir,
                 });
             }

@@ -277,17 +277,53 @@ impl RunDir {
         &self,
         expected_fingerprint: &str,
     ) -> Result<Option<Checkpoint<S>>> {
+        let Some((raw, name)) = self.matching_checkpoint(expected_fingerprint, true)? else {
+            return Ok(None);
+        };
+        let path = self.file(name)?.display().to_string();
+        let state = serde_json::from_value(raw.state).map_err(|err| {
+            Error::invalid(
+                path,
+                format!("checkpoint state has an unexpected shape: {err}"),
+            )
+        })?;
+        Ok(Some(Checkpoint {
+            version: raw.version,
+            config_fingerprint: raw.config_fingerprint,
+            completed_steps: raw.completed_steps,
+            state,
+        }))
+    }
+
+    /// Refuse a checkpoint written with settings other than
+    /// `expected_fingerprint`'s or by another checkpoint format, before a run
+    /// begins; says nothing of a damaged one, which loading warns of.
+    pub fn check_checkpoint(&self, expected_fingerprint: &str) -> Result<()> {
+        self.matching_checkpoint(expected_fingerprint, false)
+            .map(|_| ())
+    }
+
+    /// The checkpoint, or the one before it when it is missing or damaged,
+    /// with its file name, once its format and fingerprint are checked;
+    /// `warn` tells the user when it falls back on the one before.
+    fn matching_checkpoint(
+        &self,
+        expected_fingerprint: &str,
+        warn: bool,
+    ) -> Result<Option<(Checkpoint<Value>, &'static str)>> {
         // Check version and settings before the state: a state from other settings
         // may not even parse, and "different settings" is the useful message then.
         let (raw, name) = match self.read_json::<Checkpoint<Value>>(Self::CHECKPOINT) {
             Ok(Some(raw)) => (raw, Self::CHECKPOINT),
             current => match self.read_json::<Checkpoint<Value>>(Self::PREVIOUS_CHECKPOINT) {
                 Ok(Some(previous)) => {
-                    tracing::warn!(
-                        "{}: {} is missing or damaged; resuming from the checkpoint before it",
-                        self.path.display(),
-                        Self::CHECKPOINT
-                    );
+                    if warn {
+                        tracing::warn!(
+                            "{}: {} is missing or damaged; resuming from the checkpoint before it",
+                            self.path.display(),
+                            Self::CHECKPOINT
+                        );
+                    }
                     (previous, Self::PREVIOUS_CHECKPOINT)
                 }
                 _ => return current.map(|_| None),
@@ -314,18 +350,7 @@ impl RunDir {
                 ),
             ));
         }
-        let state = serde_json::from_value(raw.state).map_err(|err| {
-            Error::invalid(
-                path,
-                format!("checkpoint state has an unexpected shape: {err}"),
-            )
-        })?;
-        Ok(Some(Checkpoint {
-            version: raw.version,
-            config_fingerprint: raw.config_fingerprint,
-            completed_steps: raw.completed_steps,
-            state,
-        }))
+        Ok(Some((raw, name)))
     }
 }
 
