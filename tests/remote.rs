@@ -311,3 +311,48 @@ fn a_refused_grammar_or_a_4xx_is_sent_once() {
         assert_eq!(fake.completions().len(), 1, "HTTP {status} sent once");
     }
 }
+
+/// Without `--model`, the served model's name chooses the prompt format
+/// when it names a model prism knows, with a directory or `.gguf` around it.
+#[test]
+fn the_served_id_names_a_known_model_or_none() {
+    use prism::llm::probe::{served_model, ServedModel};
+    let listing = |ids: &'static [&'static str]| -> Arc<Answer> {
+        Arc::new(move |request, _| match request {
+            "GET /v1/models" => (
+                200,
+                json!({"data": ids.iter().map(|id| json!({"id": id})).collect::<Vec<_>>()}),
+            ),
+            _ => not_found(),
+        })
+    };
+    let timeout = Duration::from_secs(10);
+    let gguf = Fake::start(listing(&[
+        "qwen",
+        "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+    ]));
+    assert_eq!(
+        served_model(&gguf.base, None, timeout),
+        ServedModel::Known {
+            id: "/models/SmolLM2-135M-Instruct.Q4_1.gguf".to_string(),
+            name: "smollm2-135m-instruct".to_string(),
+        }
+    );
+    let hub = Fake::start(listing(&["Qwen/Qwen2.5-Coder-0.5B-Instruct"]));
+    assert!(matches!(
+        served_model(&hub.base, None, timeout),
+        ServedModel::Known { name, .. } if name == "qwen2.5-coder-0.5b-instruct"
+    ));
+    let unknown = Fake::start(listing(&["my-finetune"]));
+    assert_eq!(
+        served_model(&unknown.base, None, timeout),
+        ServedModel::Unknown {
+            ids: vec!["my-finetune".to_string()]
+        }
+    );
+    let silent = Fake::start(Arc::new(|_, _| not_found()));
+    assert_eq!(
+        served_model(&silent.base, None, timeout),
+        ServedModel::Unknown { ids: vec![] }
+    );
+}

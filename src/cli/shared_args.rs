@@ -9,6 +9,7 @@ use prism::engine::model::PrefillWeights;
 use prism::engine::prompt_cache::PromptCache;
 use prism::engine::prompt_format::PromptFormat;
 use prism::engine::{Engine, LoadOptions, DEFAULT_DRAFT_TOKENS};
+use prism::llm::probe::{served_model, ServedModel};
 use prism::llm::remote::{RemoteApi, RemoteConstraint, RemoteModel, RemoteOptions};
 use prism::llm::Backend;
 use std::time::Instant;
@@ -41,9 +42,9 @@ impl DocumentLimit {
 /// Flags that choose and load the model.
 #[derive(Debug, Args)]
 pub struct EngineArgs {
-    /// A known model name (see `prism models list`), a .gguf file, a model directory, a Hugging Face repo id, or owner/repo:QUANT for one GGUF file of a hub repo (e.g. Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q4_K_M).
-    #[arg(long, short, default_value = prism::models::DEFAULT_MODEL)]
-    pub model: String,
+    /// A known model name (see `prism models list`), a .gguf file, a model directory, a Hugging Face repo id, or owner/repo:QUANT for one GGUF file of a hub repo (e.g. Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q4_K_M). Default: qwen2.5-coder-1.5b-instruct; with --backend openai, the known model the server lists, if it lists one.
+    #[arg(long, short)]
+    pub model: Option<String>,
     /// CPU threads (default: physical cores; at most 1024).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
@@ -127,6 +128,13 @@ fn parse_prefill_weights(s: &str) -> Result<PrefillWeights, String> {
 }
 
 impl EngineArgs {
+    /// `--model`, or the default model.
+    pub fn model(&self) -> &str {
+        self.model
+            .as_deref()
+            .unwrap_or(prism::models::DEFAULT_MODEL)
+    }
+
     /// Size the thread pools, resolve `--model` and load it, reporting the time on stderr.
     pub fn load(&self) -> Result<Engine> {
         if let Some(threads) = self.threads {
@@ -136,7 +144,7 @@ impl EngineArgs {
             }
         }
         device::configure_cpu_pools(self.threads.map(usize::from));
-        let source = prism::models::resolve(&self.model)?;
+        let source = prism::models::resolve(self.model())?;
         let start = Instant::now();
         let options = LoadOptions {
             device: self.device,
@@ -144,7 +152,7 @@ impl EngineArgs {
             kv_dtype: self.kv_dtype,
         };
         let mut engine =
-            Engine::load(&source, &options).with_context(|| format!("loading {}", self.model))?;
+            Engine::load(&source, &options).with_context(|| format!("loading {}", self.model()))?;
         engine.set_prefix_cache(!self.no_prefix_cache);
         engine.set_cache_slots(usize::from(self.cache_slots));
         engine.set_cache_bytes(self.cache_bytes);
@@ -252,13 +260,18 @@ impl BackendArgs {
         };
         // A judge may still run here, on the local engine.
         device::configure_cpu_pools(self.engine.threads.map(usize::from));
-        let source = prism::models::resolve_prompt_format(&self.engine.model)?;
+        let timeout = std::time::Duration::from_secs(self.remote_timeout);
+        let (model, served_id) = match &self.engine.model {
+            Some(model) => (model.clone(), None),
+            None => served_or_default(&base_url, api_key.as_deref(), timeout),
+        };
+        let source = prism::models::resolve_prompt_format(&model)?;
         let format = PromptFormat::load(&source)
-            .with_context(|| format!("reading the tokenizer of {}", self.engine.model))?;
+            .with_context(|| format!("reading the tokenizer of {model}"))?;
         let options = RemoteOptions {
             base_url,
             api_key,
-            remote_model: self.remote_model.clone(),
+            remote_model: self.remote_model.clone().or(served_id),
             api: match self.remote_prompt {
                 RemotePromptArg::Auto => RemoteApi::Auto,
                 RemotePromptArg::Ids => RemoteApi::Ids,
@@ -271,12 +284,39 @@ impl BackendArgs {
                 RemoteConstraintArg::Gbnf => RemoteConstraint::Gbnf,
                 RemoteConstraintArg::None => RemoteConstraint::None,
             },
-            timeout: std::time::Duration::from_secs(self.remote_timeout),
+            timeout,
             retries: 4,
             allow_model_mismatch: self.allow_model_mismatch,
         };
         note!("{}: calls go to {}", format.name(), options.base_url);
         Ok(Backend::Remote(Box::new(RemoteModel::new(format, options))))
+    }
+}
+
+/// Without `--model`, the known model the server at `base_url` lists, with
+/// its id there, else the default model; either way the choice is said.
+fn served_or_default(
+    base_url: &str,
+    api_key: Option<&str>,
+    timeout: std::time::Duration,
+) -> (String, Option<String>) {
+    let default = prism::models::DEFAULT_MODEL;
+    match served_model(base_url, api_key, timeout) {
+        ServedModel::Known { id, name } => {
+            note!("{base_url} serves {id}: prompts are formatted for {name} (--model chooses another)");
+            (name, Some(id))
+        }
+        ServedModel::Unknown { ids } if ids.is_empty() => {
+            note!("{base_url} lists no model: prompts are formatted for {default}, the default (--model chooses another)");
+            (default.to_string(), None)
+        }
+        ServedModel::Unknown { ids } => {
+            note!(
+                "{base_url} serves {}, which prism does not know: prompts are formatted for {default}, the default (--model chooses another)",
+                ids.join(", ")
+            );
+            (default.to_string(), None)
+        }
     }
 }
 

@@ -7,7 +7,9 @@ use super::wire::{
 };
 use crate::engine::tokenizer::Tokenizer;
 use crate::error::Result;
+use crate::models::manifest::manifests;
 use serde::de::DeserializeOwned;
+use std::time::Duration;
 
 /// A text that two different vocabularies split or number differently.
 pub const PROBE_TEXT: &str = "Who wrote the letters, and where? Naïve readers, 1984.";
@@ -157,14 +159,60 @@ impl ServerFacts {
 /// (`Qwen/Qwen2.5-0.5B-Instruct`, `qwen2.5-0.5b-instruct-q8_0.gguf` and
 /// `qwen2.5-0.5b-instruct` all do).
 fn resembles(id: &str, name: &str) -> bool {
-    let key = |text: &str| -> String {
-        let file = text.rsplit(['/', '\\']).next().unwrap_or(text);
-        let file = file.to_lowercase();
-        let stem = file.strip_suffix(".gguf").unwrap_or(&file);
-        stem.chars().filter(char::is_ascii_alphanumeric).collect()
-    };
-    let (id, name) = (key(id), key(name));
+    let (id, name) = (name_key(id), name_key(name));
     !id.is_empty() && !name.is_empty() && (id.contains(&name) || name.contains(&id))
+}
+
+/// A model's name or file as [`resembles`] compares them: lowercase letters
+/// and digits of its file name, without a `.gguf` ending.
+fn name_key(text: &str) -> String {
+    let file = text.rsplit(['/', '\\']).next().unwrap_or(text);
+    let file = file.to_lowercase();
+    let stem = file.strip_suffix(".gguf").unwrap_or(&file);
+    stem.chars().filter(char::is_ascii_alphanumeric).collect()
+}
+
+/// Which model a server says it serves, among those prism knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServedModel {
+    /// The served `id` names the known model `name`.
+    Known { id: String, name: String },
+    /// The server lists `ids` (perhaps none), and none names a known model.
+    Unknown { ids: Vec<String> },
+}
+
+/// Ask the server at `base_url` (its API root, `…/v1`) which models it
+/// serves, and find the first listed that names a model prism knows: the
+/// served id must hold the known name, so that a bare "qwen" is not taken
+/// for one Qwen model rather than another.
+pub fn served_model(base_url: &str, api_key: Option<&str>, timeout: Duration) -> ServedModel {
+    let agent = ureq::AgentBuilder::new().timeout(timeout).build();
+    let http = Http {
+        agent: &agent,
+        api_key,
+    };
+    let url = format!("{}/models", base_url.trim_end_matches('/'));
+    let ids: Vec<String> = match http.get::<ModelList>(&url) {
+        Ok(list) => list.data.into_iter().map(|card| card.id).collect(),
+        Err(error) => {
+            tracing::debug!("{url}: {error}");
+            Vec::new()
+        }
+    };
+    let known = manifests();
+    for id in &ids {
+        let served = name_key(id);
+        if let Some(manifest) = known
+            .iter()
+            .find(|manifest| served.contains(&name_key(&manifest.name)))
+        {
+            return ServedModel::Known {
+                id: id.clone(),
+                name: manifest.name.clone(),
+            };
+        }
+    }
+    ServedModel::Unknown { ids }
 }
 
 /// JSON over the client's agent, with its timeouts and key.
