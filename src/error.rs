@@ -61,6 +61,9 @@ pub enum Error {
         evidence: String,
     },
 
+    #[error("remote backend {url} does not keep to the grammar sent as {dialect}: its reply is not text the grammar admits, so revisions would not parse; choose another --remote-constraint, or pass --allow-unconstrained to go on and refuse what does not parse")]
+    GrammarNotKept { url: String, dialect: String },
+
     #[error("batched decoding: {reason}")]
     Batch { reason: String },
 

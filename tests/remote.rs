@@ -151,6 +151,7 @@ fn client(base: &str, format: PromptFormat, api: RemoteApi, allow_mismatch: bool
         timeout: Duration::from_secs(60),
         retries: 3,
         allow_model_mismatch: allow_mismatch,
+        allow_unconstrained: false,
     };
     Backend::Remote(Box::new(RemoteModel::new(format, options)))
 }
@@ -355,4 +356,62 @@ fn the_served_id_names_a_known_model_or_none() {
         served_model(&silent.base, None, timeout),
         ServedModel::Unknown { ids: vec![] }
     );
+}
+
+/// A server that ignores the grammar it is sent (as llama.cpp's ignores
+/// vLLM's field) ends the run at its first reply, naming the way out, unless
+/// the user allows it; a reply the grammar admits, or the start of one, passes.
+#[test]
+fn a_reply_outside_the_grammar_is_refused_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    // A grammar is checked token by token, which needs the end token named.
+    tiny_format(dir.path());
+    let template = "{% for message in messages %}{{ message.content }} {% endfor %}";
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        json!({"chat_template": template, "eos_token": "</s>"}).to_string(),
+    )
+    .unwrap();
+    let format = || {
+        PromptFormat::load(&ModelSource::HfDir {
+            dir: dir.path().to_path_buf(),
+            name: "tiny-chat".into(),
+        })
+        .unwrap()
+    };
+    let answering = |text: &'static str| -> Arc<Answer> {
+        Arc::new(move |request, _| match request {
+            "POST /v1/completions" => reply(text),
+            _ => not_found(),
+        })
+    };
+    let ignoring = Fake::start(answering("w5 w6"));
+    let mut backend = client(&ignoring.base, format(), RemoteApi::Ids, true);
+    let refused = complete(&mut backend).unwrap_err().to_string();
+    assert!(
+        refused.contains("does not keep to the grammar")
+            && refused.contains("--allow-unconstrained"),
+        "{refused}"
+    );
+
+    let options = RemoteOptions {
+        base_url: ignoring.base.clone(),
+        api_key: None,
+        remote_model: None,
+        api: RemoteApi::Ids,
+        constraint: RemoteConstraint::Auto,
+        timeout: Duration::from_secs(60),
+        retries: 0,
+        allow_model_mismatch: true,
+        allow_unconstrained: true,
+    };
+    let mut allowed = Backend::Remote(Box::new(RemoteModel::new(format(), options)));
+    assert_eq!(complete(&mut allowed).unwrap().text, "w5 w6");
+
+    let keeping = Fake::start(answering("w3"));
+    let mut backend = client(&keeping.base, format(), RemoteApi::Ids, true);
+    assert_eq!(complete(&mut backend).unwrap().text, "w3");
+    let cut_short = Fake::start(answering(""));
+    let mut backend = client(&cut_short.base, format(), RemoteApi::Ids, true);
+    assert_eq!(complete(&mut backend).unwrap().text, "");
 }

@@ -223,6 +223,7 @@ fn the_servers_cached_tokens_are_the_engines_reused_tokens() {
         timeout: Duration::from_secs(120),
         retries: 0,
         allow_model_mismatch: false,
+        allow_unconstrained: false,
     };
     let mut remote = Backend::Remote(Box::new(RemoteModel::new(format, options)));
     let mut local = Backend::Local(Box::new(load(&source)));
@@ -283,6 +284,7 @@ fn the_remote_constraint_names_the_field_the_grammar_goes_in() {
             timeout: Duration::from_secs(120),
             retries: 3,
             allow_model_mismatch: false,
+            allow_unconstrained: false,
         };
         let format = PromptFormat::load(&source).unwrap();
         let mut remote = Backend::Remote(Box::new(RemoteModel::new(format, options)));
@@ -339,6 +341,7 @@ fn the_server_tokenizes_so_a_client_of_another_model_is_refused() {
         timeout: Duration::from_secs(120),
         retries: 0,
         allow_model_mismatch: false,
+        allow_unconstrained: false,
     };
     let mut remote = Backend::Remote(Box::new(RemoteModel::new(other, options)));
     let prompt = Prompt {
@@ -582,6 +585,7 @@ fn a_refused_line_closes_the_stream_where_the_local_engine_stops() {
         timeout: Duration::from_secs(120),
         retries: 0,
         allow_model_mismatch: false,
+        allow_unconstrained: false,
     };
     let mut remote = Backend::Remote(Box::new(RemoteModel::new(format, options)));
     let mut local = Backend::Local(Box::new(load(&source)));

@@ -214,6 +214,10 @@ pub struct BackendArgs {
     /// no model it lists is named like it); by default that ends the run before its first call.
     #[arg(long)]
     pub allow_model_mismatch: bool,
+    /// Go on when the server's replies do not keep to the grammar sent with them (it ignores
+    /// the field); by default that ends the run at the first such reply.
+    #[arg(long)]
+    pub allow_unconstrained: bool,
     /// Seconds one remote call may take, retries included.
     #[arg(long, value_name = "SECONDS", default_value_t = 600)]
     pub remote_timeout: u64,
@@ -287,6 +291,7 @@ impl BackendArgs {
             timeout,
             retries: 4,
             allow_model_mismatch: self.allow_model_mismatch,
+            allow_unconstrained: self.allow_unconstrained,
         };
         note!("{}: calls go to {}", format.name(), options.base_url);
         Ok(Backend::Remote(Box::new(RemoteModel::new(format, options))))

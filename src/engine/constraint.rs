@@ -129,6 +129,17 @@ impl Constraint {
             .map_err(|e| Error::invalid("grammar", e.to_string()))
     }
 
+    /// Whether `tokens`, from where this constraint stands, are all text the
+    /// grammar admits; nothing is consumed. Unlike [`Constraint::accept`],
+    /// which trusts that a sampled token passed the mask, this checks.
+    pub fn admits(&mut self, tokens: &[u32]) -> Result<bool> {
+        let valid = self
+            .matcher
+            .validate_tokens(tokens)
+            .map_err(|e| Error::invalid("grammar", e.to_string()))?;
+        Ok(valid == tokens.len())
+    }
+
     /// Go back before the last `count` accepted tokens.
     pub fn rollback(&mut self, count: usize) -> Result<()> {
         self.matcher

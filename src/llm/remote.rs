@@ -1,6 +1,7 @@
 //! A remote OpenAI-compatible server (prism serve, vLLM, SGLang, llama.cpp's
 //! server) as an [`Llm`], its accounting taken from the server's `usage`.
 
+use super::grammar_check::GrammarCheck;
 use super::probe::{ModelMatch, ServerFacts};
 use super::wire::{
     ApiUsage, ChatRequest, CompletionRequest, Content, ErrorBody, GenerationFields,
@@ -15,6 +16,7 @@ use crate::engine::sampling::SamplingConfig;
 use crate::engine::{first_refused_line, GenerateOptions, LineCheck, LineVerdict, Usage};
 use crate::error::{Error, Result};
 use std::io::{BufRead, BufReader};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -97,6 +99,9 @@ pub struct RemoteOptions {
     /// Go on, with a warning, when the server's model is not the one whose
     /// prompt format prism uses.
     pub allow_model_mismatch: bool,
+    /// Go on, with a warning, when the server's replies do not keep to the
+    /// grammar they were asked for.
+    pub allow_unconstrained: bool,
 }
 
 /// Where the figures of cache reuse come from.
@@ -144,6 +149,9 @@ pub struct RemoteModel {
     cache_figures: CacheFigures,
     /// Learnt from the server at the first call of this model or a sibling.
     discovery: Arc<OnceLock<Discovery>>,
+    grammar_check: GrammarCheck,
+    /// Whether the warning that the server ignores grammars was given, to this model or a sibling.
+    warned_unkept: Arc<AtomicBool>,
 }
 
 /// What the first call learns from the server and keeps for the others.
@@ -175,6 +183,8 @@ impl RemoteModel {
             last_sequence: Vec::new(),
             cache_figures: CacheFigures::Measured,
             discovery: Arc::new(OnceLock::new()),
+            grammar_check: GrammarCheck::default(),
+            warned_unkept: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -188,6 +198,8 @@ impl RemoteModel {
             last_sequence: Vec::new(),
             cache_figures: CacheFigures::Measured,
             discovery: Arc::clone(&self.discovery),
+            grammar_check: GrammarCheck::default(),
+            warned_unkept: Arc::clone(&self.warned_unkept),
         }
     }
 
@@ -390,8 +402,50 @@ impl RemoteModel {
             }
         };
         let seconds = start.elapsed().as_secs_f64();
+        if let Some(grammar) = &options.grammar {
+            self.check_kept(grammar, constraint, &text)?;
+        }
         let usage = self.usage(reported, &ids, &text, seconds)?;
         Ok(Completion { text, usage })
+    }
+
+    /// Refuse a reply that `grammar`, sent as `constraint`, does not admit:
+    /// the server ignored the field (llama.cpp's servers ignore vLLM's, and
+    /// some engines read none), and a PRISM run would refuse every revision
+    /// and end with an empty memory. With `allow_unconstrained` the run goes
+    /// on, warned once, and what does not parse is refused as it comes.
+    fn check_kept(
+        &self,
+        grammar: &Grammar,
+        constraint: RemoteConstraint,
+        text: &str,
+    ) -> Result<()> {
+        if constraint == RemoteConstraint::None {
+            return Ok(());
+        }
+        let admitted =
+            self.grammar_check
+                .admits(self.format.tokenizer(), self.format.name(), grammar, text);
+        if admitted != Some(false) {
+            return Ok(());
+        }
+        let dialect = match constraint {
+            RemoteConstraint::Gbnf => "GBNF (`grammar`)",
+            _ => "Lark (`guided_grammar`)",
+        };
+        if !self.options.allow_unconstrained {
+            return Err(Error::GrammarNotKept {
+                url: self.options.base_url.clone(),
+                dialect: dialect.to_string(),
+            });
+        }
+        if !self.warned_unkept.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "{} does not keep to the grammar sent as {dialect}; going on as --allow-unconstrained says, refusing what does not parse",
+                self.options.base_url
+            );
+        }
+        Ok(())
     }
 
     /// The text of a streamed reply up to the first line `refuse_line`
