@@ -21,8 +21,16 @@ const SLACK: f64 = 1.25;
 /// short notes but run-on sentences of 60 and more from a play's long
 /// ones, and three rounds left a summary at twice its target.
 const WORDS_PER_MERGED_SENTENCE: usize = 25;
-/// Rounds of merging before the answer is kept whatever its length.
-const MAX_ROUNDS: usize = 3;
+/// The most words of notes one merge is asked to combine: asked to combine
+/// three or four sentences the 1.5B model does, but asked to combine two
+/// dozen of a play's notes into one it wrote most of them out again, and
+/// three rounds left PRISM's summary of the play at 428 words for a target
+/// of 150. Long notes take several rounds instead.
+const MOST_WORDS_PER_MERGE: usize = 100;
+/// Rounds of merging before the answer is kept whatever its length: each
+/// shortens the text about fourfold, so six bring a long book's notes to a
+/// page.
+const MAX_ROUNDS: usize = 6;
 
 /// The summary length in words a run aims at: `requested` (`--summary-words`),
 /// else a tenth of the words in `chunks`, at least [`MIN_TARGET_WORDS`] and
@@ -114,7 +122,9 @@ pub fn condense(llm: &mut dyn Llm, pieces: &[String], target: usize) -> Result<C
         if total as f64 <= target as f64 * SLACK {
             break;
         }
-        let groups = (target / WORDS_PER_MERGED_SENTENCE).max(1);
+        let groups = (target / WORDS_PER_MERGED_SENTENCE)
+            .max(total.div_ceil(MOST_WORDS_PER_MERGE))
+            .max(1);
         let runs = group_by_words(&sentences, total.div_ceil(groups));
         if runs.iter().all(|run| run.len() == 1) {
             break;
@@ -140,7 +150,11 @@ pub fn condense(llm: &mut dyn Llm, pieces: &[String], target: usize) -> Result<C
             }
         }
         calls.extend(merged);
+        let shortened = next.iter().map(|text| words(text)).sum::<usize>() < total;
         sentences = next;
+        if !shortened {
+            break;
+        }
     }
     Ok(Condensed {
         text: paragraphs(&sentences),
@@ -318,6 +332,21 @@ mod tests {
             "Note 1 tells of one event in about ten words. Note 7 tells of one event in about ten words."
         );
         assert_eq!(condensed.calls.len(), 2);
+    }
+
+    #[test]
+    fn long_notes_are_merged_a_few_sentences_at_a_time() {
+        let notes: Vec<String> = (1..=40)
+            .map(|i| format!("Note {i} tells of one event in about ten words."))
+            .collect();
+        let mut llm = FirstSentence {
+            prompts: Vec::new(),
+        };
+        // 400 words to 50: not two runs of twenty notes but four of ten.
+        let condensed = condense(&mut llm, &notes, 50).unwrap();
+        assert_eq!(llm.prompts.len(), 4);
+        assert!(llm.prompts[0].contains("Note 10 tells") && !llm.prompts[0].contains("Note 11 "));
+        assert_eq!(words(&condensed.text), 40);
     }
 
     #[test]
