@@ -96,7 +96,7 @@ fn cast_sentence(
         .map(|(name, notes)| (mentions(name, counts), introduce(name, notes)))
         .collect();
     // A stable sort keeps memory order among equals.
-    ranked.sort_by(|a, b| b.0.cmp(&a.0));
+    ranked.sort_by_key(|(mentioned, _)| std::cmp::Reverse(*mentioned));
     let mut spent = words(&opening) + 1;
     let mut entries = Vec::new();
     for (_, entry) in ranked {
