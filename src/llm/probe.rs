@@ -68,10 +68,7 @@ impl ServerFacts {
         // llama.cpp's and vLLM's own endpoints sit beside `/v1`, not under it.
         let root = base.strip_suffix("/v1").unwrap_or(base);
         let http = Http { agent, api_key };
-        let listed = http
-            .get::<ModelList>(&format!("{base}/models"))
-            .map_err(|e| tracing::debug!("{base}/models: {e}; the served model stays unknown"))
-            .ok();
+        let listed = http.models(base);
         let owner = listed
             .as_ref()
             .and_then(|list| list.data.first())
@@ -191,14 +188,12 @@ pub fn served_model(base_url: &str, api_key: Option<&str>, timeout: Duration) ->
         agent: &agent,
         api_key,
     };
-    let url = format!("{}/models", base_url.trim_end_matches('/'));
-    let ids: Vec<String> = match http.get::<ModelList>(&url) {
-        Ok(list) => list.data.into_iter().map(|card| card.id).collect(),
-        Err(error) => {
-            tracing::debug!("{url}: {error}");
-            Vec::new()
-        }
-    };
+    let ids: Vec<String> = http
+        .models(base_url.trim_end_matches('/'))
+        .into_iter()
+        .flat_map(|list| list.data)
+        .map(|card| card.id)
+        .collect();
     let known = manifests();
     for id in &ids {
         let served = name_key(id);
@@ -222,6 +217,13 @@ struct Http<'a> {
 }
 
 impl Http<'_> {
+    /// What `{base}/models` lists, if the server answers it.
+    fn models(&self, base: &str) -> Option<ModelList> {
+        self.get::<ModelList>(&format!("{base}/models"))
+            .map_err(|e| tracing::debug!("{base}/models: {e}; the served model stays unknown"))
+            .ok()
+    }
+
     fn get<T: DeserializeOwned>(&self, url: &str) -> std::result::Result<T, String> {
         self.read(self.authorized(self.agent.get(url)).call())
     }
