@@ -23,9 +23,27 @@ use side_by_side::SideBySide;
 pub struct Prompt {
     pub system: Option<String>,
     pub segments: Vec<String>,
-    /// The segment that holds the text to summarize, which the output may
-    /// not copy runs of `no_copy_ngram` tokens from (local engine only).
-    pub source: Option<usize>,
+    /// The segment that holds the text to summarize (local engine only).
+    pub source: Option<Source>,
+}
+
+/// The segment of a prompt the output may not copy long runs of tokens from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Source {
+    pub segment: usize,
+    /// Runs of this many tokens are masked; `None` leaves it to the
+    /// sampling options' `no_copy_ngram`, where 0 is off.
+    pub no_copy_tokens: Option<usize>,
+}
+
+impl Source {
+    /// `segment`, copied from only as the sampling options allow.
+    pub fn segment(segment: usize) -> Self {
+        Source {
+            segment,
+            no_copy_tokens: None,
+        }
+    }
 }
 
 /// What one call produced and cost.
@@ -239,18 +257,24 @@ impl<'a> EngineLlm<'a> {
     ) -> Result<Completion> {
         let ids = self.token_ids(prompt)?;
         tracing::trace!(target: "prism::prompt", system = ?prompt.system, "{}", prompt.segments.concat());
-        let copy_source = match prompt.source.and_then(|at| prompt.segments.get(at)) {
-            Some(text) if self.options.sampling.no_copy_ngram > 0 => {
-                self.engine.tokenizer().encode(text)?
-            }
+        let no_copy_ngram = prompt
+            .source
+            .and_then(|source| source.no_copy_tokens)
+            .unwrap_or(self.options.sampling.no_copy_ngram);
+        let source_text = prompt
+            .source
+            .and_then(|source| prompt.segments.get(source.segment));
+        let copy_source = match source_text {
+            Some(text) if no_copy_ngram > 0 => self.engine.tokenizer().encode(text)?,
             _ => Vec::new(),
         };
-        let options = GenerateOptions {
+        let mut options = GenerateOptions {
             max_tokens,
             grammar: grammar.cloned(),
             copy_source,
             ..self.options.clone()
         };
+        options.sampling.no_copy_ngram = no_copy_ngram;
         let generation = self
             .engine
             .generate_checking_lines(&ids, &options, refuse_line)?;

@@ -3,7 +3,7 @@
 
 use crate::chunk::Chunk;
 use crate::error::Result;
-use crate::llm::{Completion, Llm, Prompt, Request};
+use crate::llm::{Completion, Llm, Prompt, Request, Source};
 use crate::metrics::Tokens;
 use std::time::Instant;
 
@@ -121,7 +121,7 @@ pub fn part_prompt(
     Prompt {
         system: Some(SYSTEM.to_string()),
         segments,
-        source: Some(source),
+        source: Some(Source::segment(source)),
     }
 }
 

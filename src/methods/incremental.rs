@@ -5,7 +5,7 @@ use super::baseline::{ends_mid_sentence, part_prompt, words_for, Call, SYSTEM};
 use super::length::{target_words, to_length};
 use crate::chunk::Chunk;
 use crate::error::Result;
-use crate::llm::{Llm, Prompt};
+use crate::llm::{Llm, Prompt, Source};
 use crate::run::{blank_chunk, prompt_texts, Advance, Finish, Method, Position};
 
 /// Settings of one incremental run; everything here is part of a run's identity.
@@ -99,7 +99,7 @@ impl<'a> Incremental<'a> {
                 ),
                 format!("\nWrite the updated summary of everything so far, in at most {words} words. Output only the summary."),
             ],
-            source: Some(2),
+            source: Some(Source::segment(2)),
         }
     }
 

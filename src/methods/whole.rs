@@ -6,7 +6,7 @@ use super::length::{target_words, to_length, tokens_for};
 use super::AnswerForm;
 use crate::chunk::Chunk;
 use crate::error::{Error, Result};
-use crate::llm::{Llm, Prompt};
+use crate::llm::{Llm, Prompt, Source};
 use crate::run::{prompt_texts, Advance, Finish, Method, NoFigures, Position};
 
 /// Settings of one whole-document run; everything here is part of a run's identity.
@@ -86,7 +86,7 @@ impl<'a> Whole<'a> {
                 format!("{}\n", document.join("\n\n")),
                 request,
             ],
-            source: (self.config.answer_form == AnswerForm::Summary).then_some(1),
+            source: (self.config.answer_form == AnswerForm::Summary).then_some(Source::segment(1)),
         }
     }
 }
@@ -191,7 +191,7 @@ mod tests {
         assert_eq!(prompt.segments[1], "First part.\n\nSecond part.\n");
         assert!(prompt.segments[2].contains("Summarize the story."));
         assert!(prompt.segments[2].contains("about 65 words"));
-        assert_eq!(prompt.source, Some(1));
+        assert_eq!(prompt.source, Some(Source::segment(1)));
     }
 
     #[test]

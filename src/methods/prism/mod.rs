@@ -27,7 +27,7 @@ mod reading;
 use crate::chunk::Chunk;
 use crate::engine::{is_zero, LineVerdict};
 use crate::error::Result;
-use crate::llm::{Llm, Prompt};
+use crate::llm::{Llm, Prompt, Source};
 use crate::memory::grammar::{binds_a_limit, revision_constraint, MAX_LINES};
 use crate::memory::revise::{apply_parsed, apply_revisions, RefusalKind, Refused};
 use crate::memory::{
@@ -343,7 +343,7 @@ impl<'a> Prism<'a> {
                 summary_request(sentences),
                 format!("{}\n", piece.text.trim_end()),
             ],
-            source: Some(1),
+            source: Some(Source::segment(1)),
         }
     }
 
@@ -605,7 +605,7 @@ impl Method for Prism<'_> {
     }
 
     fn template_texts(&self) -> Vec<String> {
-        let merging = length::merge_prompt(&[]);
+        let merging = length::merge_prompt(&[], None);
         vec![
             SYSTEM.to_string(),
             self.preamble.clone(),
