@@ -207,7 +207,8 @@ pub struct BackendArgs {
     pub remote_prompt: RemotePromptArg,
     /// How a grammar goes to the server: `lark` as vLLM's `guided_grammar` (prism serve
     /// reads it too), `gbnf` as the `grammar` of llama.cpp's server and llama-cpp-python's,
-    /// `none` not at all; `auto` asks the server: `gbnf` for those two, `lark` elsewhere.
+    /// `ebnf` as SGLang's `ebnf`, `structured-outputs` under vLLM 0.12's `structured_outputs`,
+    /// `none` not at all; `auto` asks the server which it is, and sends `lark` to others.
     #[arg(long, value_enum, default_value = "auto")]
     pub remote_constraint: RemoteConstraintArg,
     /// Go on when the server's model is not --model (its tokens for a probe text differ, or
@@ -242,6 +243,8 @@ pub enum RemoteConstraintArg {
     Auto,
     Lark,
     Gbnf,
+    Ebnf,
+    StructuredOutputs,
     None,
 }
 
@@ -286,6 +289,8 @@ impl BackendArgs {
                 RemoteConstraintArg::Auto => RemoteConstraint::Auto,
                 RemoteConstraintArg::Lark => RemoteConstraint::Lark,
                 RemoteConstraintArg::Gbnf => RemoteConstraint::Gbnf,
+                RemoteConstraintArg::Ebnf => RemoteConstraint::Ebnf,
+                RemoteConstraintArg::StructuredOutputs => RemoteConstraint::StructuredOutputs,
                 RemoteConstraintArg::None => RemoteConstraint::None,
             },
             timeout,

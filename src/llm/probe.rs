@@ -3,7 +3,8 @@
 
 use super::remote::{RemoteApi, RemoteConstraint};
 use super::wire::{
-    ExtrasTokenizeRequest, ModelList, TokenizeReply, TokenizeRequest, VllmTokenizeRequest,
+    ExtrasTokenizeRequest, ModelList, TokenizeReply, TokenizeRequest, VersionReply,
+    VllmTokenizeRequest,
 };
 use crate::engine::tokenizer::Tokenizer;
 use crate::error::Result;
@@ -20,6 +21,7 @@ pub enum ServerKind {
     LlamaCpp,
     LlamaCppPython,
     Vllm,
+    Sglang,
     Prism,
     Unknown,
 }
@@ -30,6 +32,7 @@ impl std::fmt::Display for ServerKind {
             ServerKind::LlamaCpp => "llama.cpp's server",
             ServerKind::LlamaCppPython => "llama-cpp-python's server",
             ServerKind::Vllm => "vLLM",
+            ServerKind::Sglang => "SGLang",
             ServerKind::Prism => "prism serve",
             ServerKind::Unknown => "a server prism does not recognise",
         })
@@ -44,6 +47,8 @@ pub struct ServerFacts {
     pub models: Vec<String>,
     /// The server's tokens for [`PROBE_TEXT`], with whatever BOS it adds.
     pub probe_tokens: Option<Vec<u32>>,
+    /// The release vLLM reports, as (major, minor).
+    pub vllm_version: Option<(u32, u32)>,
 }
 
 /// How the server's model compares with the one prism formats prompts for.
@@ -76,6 +81,7 @@ impl ServerFacts {
         let kind = match owner {
             Some("llamacpp") => ServerKind::LlamaCpp,
             Some("vllm") => ServerKind::Vllm,
+            Some("sglang") => ServerKind::Sglang,
             Some("prism") => ServerKind::Prism,
             _ => ServerKind::Unknown,
         };
@@ -88,18 +94,33 @@ impl ServerFacts {
         let probe_tokens = tokens
             .map_err(|e| tracing::debug!("{root}: no tokenize endpoint answered ({e})"))
             .ok();
+        let vllm_version = (kind == ServerKind::Vllm)
+            .then(|| http.get::<VersionReply>(&format!("{root}/version")))
+            .and_then(|reply| {
+                reply
+                    .map_err(|e| tracing::debug!("{root}/version: {e}"))
+                    .ok()
+            })
+            .and_then(|reply| major_minor(&reply.version));
         ServerFacts {
             kind,
             models,
             probe_tokens,
+            vllm_version,
         }
     }
 
-    /// The dialect `auto` means here: GBNF for the llama.cpp family, which
-    /// ignores vLLM's field, and Lark elsewhere, as before servers were asked.
+    /// The dialect `auto` means here: GBNF in the field each engine family
+    /// reads it from (llama.cpp's `grammar`, SGLang's `ebnf`, the
+    /// `structured_outputs` of a vLLM that no longer reads `guided_*`), and
+    /// Lark elsewhere, as before servers were asked.
     pub fn constraint(&self) -> RemoteConstraint {
         match self.kind {
             ServerKind::LlamaCpp | ServerKind::LlamaCppPython => RemoteConstraint::Gbnf,
+            ServerKind::Sglang => RemoteConstraint::Ebnf,
+            ServerKind::Vllm if self.vllm_version >= Some(FIRST_VLLM_WITHOUT_GUIDED) => {
+                RemoteConstraint::StructuredOutputs
+            }
             ServerKind::Vllm | ServerKind::Prism | ServerKind::Unknown => RemoteConstraint::Lark,
         }
     }
@@ -149,6 +170,21 @@ impl ServerFacts {
             }
         })
     }
+}
+
+/// The vLLM release that removed the `guided_*` request fields.
+const FIRST_VLLM_WITHOUT_GUIDED: (u32, u32) = (0, 12);
+
+/// "0.12.1" or "0.13.0rc2" as (0, 12) or (0, 13).
+fn major_minor(version: &str) -> Option<(u32, u32)> {
+    let mut parts = version.split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor: String = parts
+        .next()?
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    Some((major, minor.parse().ok()?))
 }
 
 /// Whether a served id names the model prism calls `name`: ignoring case,
@@ -261,6 +297,7 @@ impl Http<'_> {
                 };
                 self.post(&format!("{root}/tokenize"), &vllm)
             }
+            ServerKind::Sglang => Err("SGLang's tokenizer is not asked".to_string()),
             // llama-cpp-python lists its models as owned by "me"; its
             // tokenize endpoint is what tells it apart, then llama.cpp's.
             ServerKind::LlamaCppPython | ServerKind::Unknown => {
@@ -310,7 +347,32 @@ mod tests {
             kind,
             models: Vec::new(),
             probe_tokens: None,
+            vllm_version: None,
         }
+    }
+
+    #[test]
+    fn sglang_and_a_recent_vllm_get_gbnf_in_their_own_fields() {
+        assert_eq!(
+            facts(ServerKind::Sglang).constraint(),
+            RemoteConstraint::Ebnf
+        );
+        let vllm = |version: &str| ServerFacts {
+            vllm_version: major_minor(version),
+            ..facts(ServerKind::Vllm)
+        };
+        assert_eq!(
+            vllm("0.12.0").constraint(),
+            RemoteConstraint::StructuredOutputs
+        );
+        assert_eq!(
+            vllm("1.0.0rc1").constraint(),
+            RemoteConstraint::StructuredOutputs
+        );
+        assert_eq!(vllm("0.11.2").constraint(), RemoteConstraint::Lark);
+        assert_eq!(vllm("0.9.1").constraint(), RemoteConstraint::Lark);
+        assert_eq!(major_minor("0.13.0rc2"), Some((0, 13)));
+        assert_eq!(major_minor("dev"), None);
     }
 
     #[test]

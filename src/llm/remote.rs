@@ -6,6 +6,7 @@ use super::probe::{ModelMatch, ServerFacts};
 use super::wire::{
     ApiUsage, ChatRequest, CompletionRequest, Content, ErrorBody, GenerationFields,
     JsonSchemaFormat, PromptField, Reply, RequestMessage, ResponseFormat, Stop, StreamOptions,
+    StructuredOutputs,
 };
 use super::{Completion, Llm, Prompt};
 use crate::engine::chat::ChatMessage;
@@ -50,6 +51,11 @@ pub enum RemoteConstraint {
     /// GBNF as the `grammar` of llama.cpp's server and llama-cpp-python's,
     /// which ignore `guided_grammar`.
     Gbnf,
+    /// GBNF as SGLang's `ebnf`, which its xgrammar backend reads.
+    Ebnf,
+    /// GBNF or a regex under `structured_outputs`, where vLLM 0.12 and
+    /// later read them; those versions refuse the `guided_*` fields.
+    StructuredOutputs,
     /// No constraint at all, for a server that refuses every field of them.
     None,
 }
@@ -65,6 +71,8 @@ impl RemoteConstraint {
             RemoteConstraint::Auto => "auto",
             RemoteConstraint::Lark => "lark",
             RemoteConstraint::Gbnf => "gbnf",
+            RemoteConstraint::Ebnf => "ebnf",
+            RemoteConstraint::StructuredOutputs => "structured-outputs",
             RemoteConstraint::None => "none",
         }
     }
@@ -269,8 +277,8 @@ impl RemoteModel {
         if options.api == RemoteApi::Auto {
             discovery.api = facts.api();
         }
-        if options.constraint.is_auto() && facts.constraint() == RemoteConstraint::Gbnf {
-            discovery.constraint = RemoteConstraint::Gbnf;
+        if options.constraint.is_auto() && facts.constraint() != RemoteConstraint::Lark {
+            discovery.constraint = facts.constraint();
         }
         if asks {
             tracing::info!(
@@ -645,9 +653,10 @@ fn generation_fields(model: &str, options: &GenerateOptions) -> GenerationFields
 
 /// `grammar` in the field the chosen dialect goes in: `response_format` for
 /// JSON schemas (which every engine family reads), vLLM's `guided_grammar`
-/// and `guided_regex` (prism serve reads those too), or llama.cpp's
-/// `grammar`. A grammar with no rendering in the chosen dialect is an error
-/// rather than a run that goes unconstrained without saying so.
+/// and `guided_regex` (prism serve reads those too), llama.cpp's `grammar`,
+/// SGLang's `ebnf`, or vLLM's `structured_outputs`. A grammar with no
+/// rendering in the chosen dialect is an error rather than a run that goes
+/// unconstrained without saying so.
 fn constrain(
     fields: &mut GenerationFields,
     grammar: &Grammar,
@@ -673,11 +682,29 @@ fn constrain(
         (Grammar::Dialects { gbnf, .. }, RemoteConstraint::Gbnf) => {
             fields.gbnf = Some(gbnf.clone())
         }
-        (Grammar::Lark(_) | Grammar::Regex(_), RemoteConstraint::Gbnf) => {
-            return Err(
-                "this grammar has no GBNF rendering for remote constraint `gbnf`; choose `lark` or `none`"
-                    .to_string(),
-            )
+        (Grammar::Dialects { gbnf, .. }, RemoteConstraint::Ebnf) => {
+            fields.ebnf = Some(gbnf.clone())
+        }
+        (Grammar::Dialects { gbnf, .. }, RemoteConstraint::StructuredOutputs) => {
+            fields.structured_outputs = Some(StructuredOutputs {
+                grammar: Some(gbnf.clone()),
+                ..StructuredOutputs::default()
+            })
+        }
+        (Grammar::Regex(regex), RemoteConstraint::StructuredOutputs) => {
+            fields.structured_outputs = Some(StructuredOutputs {
+                regex: Some(regex.clone()),
+                ..StructuredOutputs::default()
+            })
+        }
+        (
+            Grammar::Lark(_) | Grammar::Regex(_),
+            RemoteConstraint::Gbnf | RemoteConstraint::Ebnf | RemoteConstraint::StructuredOutputs,
+        ) => {
+            return Err(format!(
+                "this grammar has no GBNF rendering for remote constraint `{}`; choose `lark` or `none`",
+                constraint.name()
+            ))
         }
     }
     Ok(())
@@ -784,7 +811,27 @@ mod tests {
             sent(&both, RemoteConstraint::Gbnf),
             Ok(vec!["grammar".into()])
         );
+        assert_eq!(sent(&both, RemoteConstraint::Ebnf), Ok(vec!["ebnf".into()]));
+        assert_eq!(
+            sent(&both, RemoteConstraint::StructuredOutputs),
+            Ok(vec!["structured_outputs".into()])
+        );
         assert_eq!(sent(&both, RemoteConstraint::None), Ok(vec![]));
+        let mut fields = GenerationFields::default();
+        constrain(&mut fields, &both, RemoteConstraint::StructuredOutputs).unwrap();
+        assert_eq!(
+            serde_json::to_value(&fields).unwrap()["structured_outputs"],
+            serde_json::json!({"grammar": "root ::= \"a\""})
+        );
+        let regex = Grammar::Regex("[a-z]+".into());
+        let mut fields = GenerationFields::default();
+        constrain(&mut fields, &regex, RemoteConstraint::StructuredOutputs).unwrap();
+        assert_eq!(
+            serde_json::to_value(&fields).unwrap()["structured_outputs"],
+            serde_json::json!({"regex": "[a-z]+"})
+        );
+        let refused = sent(&regex, RemoteConstraint::Ebnf).unwrap_err();
+        assert!(refused.contains("constraint `ebnf`"), "{refused}");
         let mut fields = GenerationFields::default();
         constrain(&mut fields, &both, RemoteConstraint::Gbnf).unwrap();
         assert_eq!(fields.gbnf.as_deref(), Some("root ::= \"a\""));

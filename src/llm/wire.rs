@@ -109,6 +109,12 @@ pub struct GenerationFields {
         skip_serializing_if = "Option::is_none"
     )]
     pub gbnf: Option<String>,
+    /// A GBNF grammar under SGLang's name for it; prism serve does not read it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ebnf: Option<String>,
+    /// vLLM's constraints since 0.12, which replace its `guided_*` fields.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub structured_outputs: Option<StructuredOutputs>,
     // Fields of the OpenAI API this server does not implement: refused when
     // they ask for something, rather than silently ignored.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -125,6 +131,18 @@ pub struct GenerationFields {
     pub suffix: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub echo: Option<bool>,
+}
+
+/// The constraint of a request in vLLM's `structured_outputs`: one of a
+/// grammar (GBNF or Lark, which vLLM tells apart), a regex or a JSON schema.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StructuredOutputs {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json: Option<Value>,
 }
 
 /// A chat message's content: a string, or parts of which only text is understood.
@@ -270,6 +288,12 @@ pub struct VllmTokenizeRequest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TokenizeReply {
     pub tokens: Vec<u32>,
+}
+
+/// `GET /version` on vLLM: the release it runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VersionReply {
+    pub version: String,
 }
 
 /// A reply of either endpoint, whole or one stream chunk: `object` says

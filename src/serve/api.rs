@@ -180,6 +180,9 @@ impl GenerationFields {
         if self.gbnf.is_some() {
             return unsupported("grammar (GBNF; send the grammar in Lark as guided_grammar)");
         }
+        if self.ebnf.is_some() {
+            return unsupported("ebnf (GBNF; send the grammar in Lark as guided_grammar)");
+        }
         Ok(())
     }
 
@@ -221,17 +224,23 @@ impl GenerationFields {
                 Some(Grammar::JsonSchema(json_schema.schema.clone()))
             }
         };
+        // vLLM's newer fields name the same constraints; a grammar there is
+        // read as Lark, the one grammar dialect prism serve parses.
+        let structured = self.structured_outputs.clone().unwrap_or_default();
         let named = [
             from_format,
             self.guided_json.clone().map(Grammar::JsonSchema),
             self.lark.clone().map(Grammar::Lark),
             self.regex.clone().map(Grammar::Regex),
+            structured.json.map(Grammar::JsonSchema),
+            structured.grammar.map(Grammar::Lark),
+            structured.regex.map(Grammar::Regex),
         ];
         let mut named = named.into_iter().flatten();
         let grammar = named.next();
         if named.next().is_some() {
             return Err(ApiError::invalid(
-                "give at most one of response_format, guided_json, lark (guided_grammar) and regex (guided_regex)",
+                "give at most one of response_format, guided_json, lark (guided_grammar), regex (guided_regex) and a field of structured_outputs",
             ));
         }
         Ok(grammar)
