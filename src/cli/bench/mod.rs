@@ -7,8 +7,8 @@ use super::{BackendArgs, DocumentLimit, SamplingArgs};
 use anyhow::Result;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Subcommand, ValueEnum};
-use prism::bench::sweep::{Judging, Sweep, SweepDocument, SweepMethod};
-use prism::bench::{code_retrieval, report};
+use prism::bench::sweep::{Judging, Sweep, SweepMethod};
+use prism::bench::{code_retrieval, report, task};
 use prism::engine::sampling::SamplingConfig;
 use prism::methods::prism::{MemoryMode, Variant};
 use std::path::{Path, PathBuf};
@@ -241,16 +241,9 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
                 "name the documents to summarize, or give --task code-retrieval --tasks FILE"
             )
         }
-        (TaskName::Summary, None) => prism::document::expand_directories(&args.documents)?
-            .into_iter()
-            .map(|path| {
-                Ok(SweepDocument {
-                    text: args.document_limit.read(&path)?,
-                    path,
-                    task: None,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?,
+        (TaskName::Summary, None) => {
+            task::summary_documents(&args.documents, args.document_limit.max_bytes())?
+        }
     };
     let sweep = Sweep {
         documents,
