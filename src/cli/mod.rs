@@ -32,6 +32,7 @@ mod bench;
 mod bench_engine;
 mod generate;
 mod method_args;
+mod method_spec;
 mod models;
 mod perplexity;
 mod progress;
