@@ -83,7 +83,7 @@ impl BackendArgs {
             .clone()
             .filter(|_| self.backend == BackendKind::Openai)
         else {
-            return Ok(Backend::Local(Box::new(self.engine.load()?)));
+            return Ok(Backend::Local(Box::new(self.engine.open()?)));
         };
         let api_key = match &self.api_key_env {
             Some(name) => Some(

@@ -1,4 +1,5 @@
-//! The flags that choose the model and how the engine runs it.
+//! The flags that choose the model and how the engine runs it, and the
+//! [`EngineConfig`] they make.
 
 use super::shared_args::parse_size;
 use anyhow::{Context, Result};
@@ -6,8 +7,7 @@ use clap::Args;
 use prism::engine::device::{self, DeviceChoice};
 use prism::engine::kv_cache::KvDtype;
 use prism::engine::model::PrefillWeights;
-use prism::engine::prompt_cache::PromptCache;
-use prism::engine::{Engine, LoadOptions, DEFAULT_DRAFT_TOKENS};
+use prism::engine::{Engine, EngineConfig, OpenError, PromptCacheConfig, DEFAULT_DRAFT_TOKENS};
 use std::time::Instant;
 
 /// Flags that choose and load the model.
@@ -86,8 +86,28 @@ impl EngineArgs {
             .unwrap_or(prism::models::DEFAULT_MODEL)
     }
 
-    /// Size the thread pools, resolve `--model` and load it, reporting the time on stderr.
-    pub fn load(&self) -> Result<Engine> {
+    /// The engine these flags ask for, with `--model` resolved (and fetched,
+    /// when it names a hub repo).
+    fn config(&self) -> Result<EngineConfig> {
+        Ok(EngineConfig {
+            source: prism::models::resolve(self.model())?,
+            device: self.device,
+            prefill_weights: self.prefill_weights,
+            kv_dtype: self.kv_dtype,
+            prefix_cache: !self.no_prefix_cache,
+            cache_slots: usize::from(self.cache_slots),
+            cache_bytes: self.cache_bytes,
+            draft_tokens: usize::from(self.draft_tokens),
+            prompt_cache: self.prompt_cache.as_ref().map(|dir| PromptCacheConfig {
+                dir: dir.clone(),
+                budget_bytes: self.prompt_cache_size as u64,
+            }),
+        })
+    }
+
+    /// Size the thread pools, then open the engine these flags ask for,
+    /// reporting the time on stderr.
+    pub fn open(&self) -> Result<Engine> {
         if let Some(threads) = self.threads {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             if usize::from(threads) > cores {
@@ -95,29 +115,15 @@ impl EngineArgs {
             }
         }
         device::configure_cpu_pools(self.threads.map(usize::from));
-        let source = prism::models::resolve(self.model())?;
+        let config = self.config()?;
         let start = Instant::now();
-        let options = LoadOptions {
-            device: self.device,
-            prefill_weights: self.prefill_weights,
-            kv_dtype: self.kv_dtype,
+        let engine = match Engine::open(&config) {
+            Ok(engine) => engine,
+            Err(OpenError::Model(err)) => {
+                return Err(err).with_context(|| format!("loading {}", self.model()))
+            }
+            Err(err) => return Err(err.into()),
         };
-        let mut engine =
-            Engine::load(&source, &options).with_context(|| format!("loading {}", self.model()))?;
-        engine.set_prefix_cache(!self.no_prefix_cache);
-        engine.set_cache_slots(usize::from(self.cache_slots));
-        engine.set_cache_bytes(self.cache_bytes);
-        engine.set_draft_tokens(usize::from(self.draft_tokens));
-        if let Some(dir) = &self.prompt_cache {
-            let cache = PromptCache::open(
-                dir,
-                self.prompt_cache_size as u64,
-                &engine.identity().model_sha256,
-                self.kv_dtype,
-            )
-            .with_context(|| format!("--prompt-cache {}", dir.display()))?;
-            engine.set_prompt_cache(Some(cache));
-        }
         note!(
             "loaded {} ({:?}, {} layers, context {}) in {:.1}s on {} thread(s)",
             engine.name(),
