@@ -10,13 +10,15 @@
 
 use criterion::{criterion_group, criterion_main, Bencher, BenchmarkId, Criterion, Throughput};
 use prism::bench::engine::random_prompt;
-use prism::engine::{Engine, LoadOptions};
+use prism::engine::{Engine, EngineConfig};
 use prism::models::{resolve, DEFAULT_MODEL};
 use std::time::{Duration, Instant};
 
 fn load() -> Option<Engine> {
     prism::engine::allocator::reuse_freed_buffers();
-    match resolve(DEFAULT_MODEL).and_then(|source| Engine::load(&source, &LoadOptions::default())) {
+    let opened = resolve(DEFAULT_MODEL)
+        .and_then(|source| Engine::open(&EngineConfig::new(source)).map_err(prism::Error::from));
+    match opened {
         Ok(engine) => Some(engine),
         Err(err) => {
             eprintln!("skipping engine benchmarks: {err}");

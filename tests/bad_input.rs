@@ -382,7 +382,7 @@ mod mutations {
     use super::{llama_metadata, write_gguf};
     use crate::common::{write_tiny_model, TinyArch};
     use prism::engine::source::ModelSource;
-    use prism::engine::{Engine, LoadOptions};
+    use prism::engine::{Engine, EngineConfig};
     use proptest::prelude::*;
 
     /// Overwrite one byte in each of `edits` (position taken modulo the length).
@@ -395,7 +395,7 @@ mod mutations {
 
     fn load(source: &ModelSource) {
         // Ok or Err are both fine; a panic fails the case.
-        let _ = Engine::load(source, &LoadOptions::default());
+        let _ = Engine::open(&EngineConfig::new(source.clone()));
     }
 
     proptest! {

@@ -7,7 +7,7 @@ use crate::common::{fetched_model, scripted_files, ScriptedLlm};
 use prism::chunk::{split, Chunk};
 use prism::engine::constraint::Grammar;
 use prism::engine::source::ModelSource;
-use prism::engine::{Engine, GenerateOptions, LoadOptions};
+use prism::engine::{Engine, EngineConfig, GenerateOptions};
 use prism::memory::grammar::memory_json_schema;
 use prism::memory::Schema;
 use prism::methods::cok::chain::{chain_grammar, memory_keys, parse_chain};
@@ -394,7 +394,7 @@ fn the_grammars_hold_on_the_real_model() {
         path: fetched_model("SmolLM2-135M-Instruct.Q4_1.gguf"),
         name: "smollm2".into(),
     };
-    let mut engine = Engine::load(&source, &LoadOptions::default()).unwrap();
+    let mut engine = Engine::open(&EngineConfig::new(source)).unwrap();
     let schema = book_schema();
     let prompt = engine
         .segmented_chat_prompt(None, &["The ship sails north into the ice.".to_string()])

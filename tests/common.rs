@@ -58,7 +58,7 @@ pub fn tiny_engine_with_words(
         dir: dir.to_path_buf(),
         name: name.into(),
     };
-    prism::engine::Engine::load(&source, &prism::engine::LoadOptions::default()).unwrap()
+    prism::engine::Engine::open(&prism::engine::EngineConfig::new(source)).unwrap()
 }
 
 /// Which tiny model to write.

@@ -1,4 +1,4 @@
-//! Drafted decoding (`Engine::set_draft_tokens`): tokens that followed the
+//! Drafted decoding (`EngineConfig::draft_tokens`): tokens that followed the
 //! same few tokens earlier in the text are checked in one pass with the
 //! token before them. The output, the cache left behind and the accounting
 //! must be what decoding a token a pass gives; only the speed may differ.
@@ -8,7 +8,7 @@ use prism::engine::chat::ChatMessage;
 use prism::engine::constraint::Grammar;
 use prism::engine::kv_cache::KvDtype;
 use prism::engine::source::ModelSource;
-use prism::engine::{Engine, GenerateOptions, LoadOptions};
+use prism::engine::{Engine, EngineConfig, GenerateOptions};
 
 const SMOLLM2: (&str, &str) = ("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct");
 const QWEN: (&str, &str) = (
@@ -25,13 +25,12 @@ fn load_with_cache((file, name): (&str, &str), draft_tokens: usize, kv_dtype: Kv
         path: fetched_model(file),
         name: name.into(),
     };
-    let options = LoadOptions {
+    let config = EngineConfig {
         kv_dtype,
-        ..LoadOptions::default()
+        draft_tokens,
+        ..EngineConfig::new(source)
     };
-    let mut engine = Engine::load(&source, &options).expect("the model loads");
-    engine.set_draft_tokens(draft_tokens);
-    engine
+    Engine::open(&config).expect("the model loads")
 }
 
 /// A prompt whose answer repeats the document, so that drafts are found.

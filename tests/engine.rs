@@ -5,7 +5,7 @@ use crate::common::{write_tiny_model, TinyArch, TINY_CONTEXT, TINY_VOCAB};
 use prism::engine::device::DeviceChoice;
 use prism::engine::kv_cache::KvDtype;
 use prism::engine::source::ModelSource;
-use prism::engine::{Engine, GenerateOptions, LoadOptions};
+use prism::engine::{Engine, EngineConfig, GenerateOptions, OpenError};
 use rand::{Rng, SeedableRng};
 
 const TOLERANCE: f32 = 1e-4;
@@ -30,17 +30,21 @@ fn load_tiny_on(
     kv_dtype: KvDtype,
     device: DeviceChoice,
 ) -> Engine {
-    write_tiny_model(dir.path(), arch, 17);
-    let source = ModelSource::HfDir {
-        dir: dir.path().to_path_buf(),
-        name: format!("tiny-{arch:?}"),
-    };
-    let options = LoadOptions {
+    let config = EngineConfig {
         kv_dtype,
         device,
-        ..LoadOptions::default()
+        ..tiny_config(arch, dir)
     };
-    Engine::load(&source, &options).expect("tiny model loads")
+    Engine::open(&config).expect("tiny model loads")
+}
+
+/// The tiny model, written to `dir`, with the engine's defaults.
+fn tiny_config(arch: TinyArch, dir: &tempfile::TempDir) -> EngineConfig {
+    write_tiny_model(dir.path(), arch, 17);
+    EngineConfig::new(ModelSource::HfDir {
+        dir: dir.path().to_path_buf(),
+        name: format!("tiny-{arch:?}"),
+    })
 }
 
 fn max_abs_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
@@ -204,9 +208,7 @@ fn an_unknown_architecture_is_refused() {
         dir: dir.path().to_path_buf(),
         name: "odd".into(),
     };
-    let err = Engine::load(&source, &LoadOptions::default())
-        .err()
-        .unwrap();
+    let err = Engine::open(&EngineConfig::new(source)).err().unwrap();
     assert!(
         err.to_string()
             .contains("unsupported architecture `gpt_neox`"),
@@ -223,10 +225,11 @@ fn a_corrupt_gguf_is_a_clear_error() {
         path: path.clone(),
         name: "broken".into(),
     };
-    let err = Engine::load(&source, &LoadOptions::default())
-        .err()
-        .unwrap();
-    assert!(matches!(err, prism::Error::BadModelFile { .. }), "{err}");
+    let err = Engine::open(&EngineConfig::new(source)).err().unwrap();
+    assert!(
+        matches!(err, OpenError::Model(prism::Error::BadModelFile { .. })),
+        "{err}"
+    );
 }
 
 #[test]
@@ -266,8 +269,11 @@ fn a_stop_string_ends_generation_and_is_cut_from_the_text() {
 #[test]
 fn a_second_slot_keeps_a_long_sequence_for_a_prompt_that_returns_to_it() {
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut cached = load_tiny(TinyArch::Llama, &dir_a);
-    cached.set_cache_slots(2);
+    let two_slots = EngineConfig {
+        cache_slots: 2,
+        ..tiny_config(TinyArch::Llama, &dir_a)
+    };
+    let mut cached = Engine::open(&two_slots).unwrap();
     let mut fresh = load_tiny(TinyArch::Llama, &dir_b);
     fresh.set_prefix_cache(false);
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
@@ -283,7 +289,11 @@ fn a_second_slot_keeps_a_long_sequence_for_a_prompt_that_returns_to_it() {
         question.push(2 + round as u32);
     }
     // One slot: the question prompt evicts the document each time.
-    cached.set_cache_slots(1);
+    let one_slot = EngineConfig {
+        cache_slots: 1,
+        ..two_slots
+    };
+    let mut cached = Engine::open(&one_slot).unwrap();
     cached.prefill(&document).unwrap();
     let mut refine = document.clone();
     refine.push(5);
@@ -458,11 +468,11 @@ fn sixteen_smollm2_sequences_side_by_side_match_each_alone() {
         path: crate::common::fetched_model("SmolLM2-135M-Instruct.Q4_1.gguf"),
         name: "smollm2-135m-instruct".into(),
     };
-    let options = LoadOptions {
+    let config = EngineConfig {
         device: DeviceChoice::Cpu,
-        ..LoadOptions::default()
+        ..EngineConfig::new(source)
     };
-    let mut engine = Engine::load(&source, &options).expect("SmolLM2 loads");
+    let mut engine = Engine::open(&config).expect("SmolLM2 loads");
     side_by_side_matches_alone(&mut engine, 16);
 }
 

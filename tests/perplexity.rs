@@ -6,7 +6,7 @@
 use crate::common::fetched_model;
 use prism::engine::perplexity::Windows;
 use prism::engine::source::ModelSource;
-use prism::engine::{Engine, LoadOptions};
+use prism::engine::{Engine, EngineConfig};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -31,7 +31,7 @@ fn smollm2_perplexity_is_within_one_percent_of_llama_cpps() {
         path: fetched_model(&fixture.model),
         name: fixture.model.clone(),
     };
-    let mut engine = Engine::load(&source, &LoadOptions::default()).unwrap();
+    let mut engine = Engine::open(&EngineConfig::new(source)).unwrap();
     let text = std::fs::read_to_string(format!("{manifest}/{}", fixture.text)).unwrap();
     let windows = Windows {
         context: fixture.context,

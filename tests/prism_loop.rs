@@ -5,7 +5,7 @@
 use crate::common::{fetched_model, scripted_files, ScriptedLlm};
 use prism::chunk::{split, Chunk};
 use prism::engine::source::ModelSource;
-use prism::engine::{Engine, LoadOptions};
+use prism::engine::{Engine, EngineConfig};
 use prism::llm::Llm;
 use prism::memory::revise::RefusalKind;
 use prism::memory::{render_revision, shipped, Schema};
@@ -571,7 +571,7 @@ fn amendments_keep_earlier_prompt_tokens_as_a_prefix() {
         path: fetched_model("SmolLM2-135M-Instruct.Q4_1.gguf"),
         name: "smollm2".into(),
     };
-    let engine = Engine::load(&source, &LoadOptions::default()).unwrap();
+    let engine = Engine::open(&EngineConfig::new(source)).unwrap();
     let schema = book_schema();
     let config = config(MemoryMode::Amendments, true);
     let method = Prism::new(&config, &schema);

@@ -164,7 +164,7 @@ fn an_empty_or_binary_summary_file_is_one_error_line() {
 #[test]
 fn questions_answered_side_by_side_match_those_answered_in_turn() {
     use prism::engine::source::ModelSource;
-    use prism::engine::{Engine, LoadOptions};
+    use prism::engine::{Engine, EngineConfig};
     use prism::llm::Backend;
     use prism::qa::{score_summary, QaPair};
     let dir = tempfile::tempdir().unwrap();
@@ -174,11 +174,11 @@ fn questions_answered_side_by_side_match_those_answered_in_turn() {
         name: "tiny-chat".into(),
     };
     // Side by side gives alone's bits only where each row is multiplied alone: the CPU.
-    let options = LoadOptions {
+    let config = EngineConfig {
         device: prism::engine::device::DeviceChoice::Cpu,
-        ..LoadOptions::default()
+        ..EngineConfig::new(source)
     };
-    let engine = Engine::load(&source, &options).unwrap();
+    let engine = Engine::open(&config).unwrap();
     let mut backend = Backend::Local(Box::new(engine));
     let summary = "w1 w2 w3 w4. w5 w6 w7.";
     let pairs: Vec<QaPair> = (0..5)

@@ -4,7 +4,7 @@
 
 use crate::common::{fetched_model, run_prism, tiny_chat_model, words_document};
 use prism::engine::source::ModelSource;
-use prism::engine::{Engine, GenerateOptions, LoadOptions};
+use prism::engine::{Engine, EngineConfig, GenerateOptions};
 use prism::llm::remote::{RemoteApi, RemoteConstraint, RemoteModel, RemoteOptions};
 use prism::llm::wire::{ErrorBody, ErrorDetail, Reply};
 use prism::llm::{Backend, Prompt};
@@ -15,10 +15,12 @@ use std::path::Path;
 use std::time::Duration;
 
 fn load(source: &ModelSource) -> Engine {
-    let mut engine = Engine::load(source, &LoadOptions::default()).unwrap();
-    // As the CLI sets it, so local and served runs cache alike.
-    engine.set_cache_slots(2);
-    engine
+    let config = EngineConfig {
+        // As the CLI sets it, so local and served runs cache alike.
+        cache_slots: 2,
+        ..EngineConfig::new(source.clone())
+    };
+    Engine::open(&config).unwrap()
 }
 
 fn tiny_source(dir: &Path) -> ModelSource {

@@ -3,7 +3,7 @@
 use crate::common::fetched_model;
 use prism::engine::chat::ChatMessage;
 use prism::engine::source::ModelSource;
-use prism::engine::{Engine, GenerateOptions, LoadOptions};
+use prism::engine::{Engine, EngineConfig, GenerateOptions};
 
 const FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -12,7 +12,7 @@ fn smollm2() -> Engine {
         path: fetched_model(FILE),
         name: "smollm2-135m-instruct".into(),
     };
-    Engine::load(&source, &LoadOptions::default()).expect("SmolLM2 loads")
+    Engine::open(&EngineConfig::new(source)).expect("SmolLM2 loads")
 }
 
 fn greedy(max_tokens: usize) -> GenerateOptions {

@@ -1,8 +1,7 @@
 //! The code-retrieval task, after RepoQA's needle-function search: a repository read
 //! as one document, and a query describing one of its functions without naming it.
 
-use super::sweep::SweepDocument;
-use super::task::{Task, Verdict};
+use super::task::{SweepDocument, Task, Verdict};
 use crate::document::read_sources;
 use crate::error::{Error, Result};
 use serde::Deserialize;

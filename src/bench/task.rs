@@ -1,4 +1,54 @@
-//! A task: what a sweep asks of a document besides a summary.
+//! A sweep's documents, and the task a document may carry: what a sweep asks
+//! of it besides a summary. Tasks such as code retrieval build on these
+//! types, and the sweep runs them without knowing which task it is.
+
+use crate::document::{expand_directories, read_document};
+use crate::error::Result;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// A document of the sweep, read.
+#[derive(Debug, Clone)]
+pub struct SweepDocument {
+    pub path: PathBuf,
+    pub text: String,
+    /// The question this document's runs answer, in place of the methods'
+    /// own queries; none for a document to summarize.
+    pub task: Option<Arc<dyn Task>>,
+}
+
+impl SweepDocument {
+    /// The file name, as rows carry it.
+    pub fn file_name(&self) -> String {
+        self.path.file_name().map_or_else(
+            || self.path.display().to_string(),
+            |name| name.to_string_lossy().into_owned(),
+        )
+    }
+
+    /// What tells this document's runs apart from the others': the task
+    /// when it has one, else the file name. Run directories go by it.
+    pub fn name(&self) -> String {
+        self.task
+            .as_ref()
+            .map_or_else(|| self.file_name(), |task| task.id().to_string())
+    }
+}
+
+/// The documents `paths` name to summarize (a directory stands for the files
+/// in it, see [`expand_directories`]), each read within `max_bytes`.
+pub fn summary_documents(paths: &[PathBuf], max_bytes: u64) -> Result<Vec<SweepDocument>> {
+    expand_directories(paths)?
+        .into_iter()
+        .map(|path| {
+            Ok(SweepDocument {
+                text: read_document(&path, max_bytes)?,
+                path,
+                task: None,
+            })
+        })
+        .collect()
+}
 
 /// A question about a document with one right answer. Every run on the
 /// document answers the task's query in place of its method's own, and the

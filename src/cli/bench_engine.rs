@@ -30,7 +30,7 @@ pub struct BenchEngineArgs {
 }
 
 pub fn run(args: BenchEngineArgs) -> Result<()> {
-    let mut engine = args.engine.load()?;
+    let mut engine = args.engine.open()?;
     let contexts: Vec<usize> = args.context.iter().map(|&tokens| tokens as usize).collect();
     let (decode_steps, repeats) = (args.decode_steps as usize, usize::from(args.repeats));
     // Every length is checked before the first is measured, so a bad one

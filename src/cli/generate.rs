@@ -81,7 +81,7 @@ pub fn run(args: GenerateArgs, matches: &ArgMatches) -> Result<()> {
         grammar: grammar(&args)?,
         ..GenerateOptions::default()
     };
-    let mut engine = args.engine.load()?;
+    let mut engine = args.engine.open()?;
     let mut ledger = Ledger::default();
     let mut stdout = std::io::stdout().lock();
     for (index, prompt) in prompts.iter().enumerate() {

@@ -28,10 +28,13 @@ macro_rules! note {
     }};
 }
 
+mod backend_args;
 mod bench;
 mod bench_engine;
+mod engine_args;
 mod generate;
 mod method_args;
+mod method_spec;
 mod models;
 mod perplexity;
 mod progress;
@@ -43,8 +46,10 @@ mod serve;
 mod shared_args;
 mod summarize;
 
+pub use backend_args::BackendArgs;
+pub use engine_args::EngineArgs;
 pub use sampling_args::SamplingArgs;
-pub use shared_args::{BackendArgs, DocumentLimit, EngineArgs};
+pub use shared_args::DocumentLimit;
 
 use anyhow::Result;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};

@@ -33,7 +33,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         context: args.context,
         stride: args.stride.unwrap_or(args.context),
     };
-    let mut engine = args.engine.load()?;
+    let mut engine = args.engine.open()?;
     windows.validate(engine.context_tokens())?;
     let result = engine.perplexity(&text, windows, &mut |window, running| {
         note!("[{window}] {running:.4}");

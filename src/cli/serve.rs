@@ -47,7 +47,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let address = format!("{}:{}", args.host, args.port);
     let listener = std::net::TcpListener::bind(&address)
         .with_context(|| format!("cannot listen on {address}"))?;
-    let engine = args.engine.load()?;
+    let engine = args.engine.open()?;
     let options = ServeOptions {
         api_key,
         max_body_bytes: args.max_body,

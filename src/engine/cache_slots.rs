@@ -46,17 +46,6 @@ impl CacheSlots {
         self.limit
     }
 
-    /// At most this many sequences are kept; extra ones are dropped.
-    pub fn set_limit(&mut self, limit: usize) {
-        self.limit = limit.max(1);
-        if self.slots.len() > self.limit {
-            let active = self.slots.swap_remove(self.active);
-            self.slots.truncate(self.limit - 1);
-            self.slots.push(active);
-            self.active = self.slots.len() - 1;
-        }
-    }
-
     /// Bound the KV storage of all slots together: past `bytes`, the least
     /// recently used slots are dropped (and their memory freed) until the
     /// rest fit. The slot in use is never dropped, so it alone may exceed

@@ -5,6 +5,7 @@ pub mod allocator;
 mod batch;
 pub mod cache_slots;
 pub mod chat;
+mod config;
 pub mod constraint;
 pub mod device;
 mod generate;
@@ -19,6 +20,7 @@ pub mod sampling;
 pub mod source;
 pub mod tokenizer;
 
+pub use config::{EngineConfig, OpenError, PromptCacheConfig, DEFAULT_DRAFT_TOKENS};
 pub(crate) use generate::{check_lines_after, first_refused_line};
 
 use crate::error::{without_panic, Error, Result};
@@ -60,7 +62,7 @@ pub struct Usage {
     /// unless it had been drafted and checked in an earlier pass.
     pub decode_steps: usize,
     /// Decode steps whose token had been drafted and was checked in the
-    /// pass of the token before it ([`Engine::set_draft_tokens`]): the
+    /// pass of the token before it ([`EngineConfig::draft_tokens`]): the
     /// passes run were `decode_steps - accepted_drafts`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub accepted_drafts: usize,
@@ -88,19 +90,6 @@ impl std::ops::AddAssign<&Usage> for Usage {
         self.mask_seconds += other.mask_seconds;
     }
 }
-
-/// How a model is loaded.
-#[derive(Debug, Clone, Default)]
-pub struct LoadOptions {
-    pub device: DeviceChoice,
-    /// `None` picks dense prefill weights when their f32 copy stays under
-    /// [`DENSE_PREFILL_LIMIT_BYTES`].
-    pub prefill_weights: Option<PrefillWeights>,
-    pub kv_dtype: KvDtype,
-}
-
-/// Tokens drafted a pass unless [`Engine::set_draft_tokens`] says otherwise.
-pub const DEFAULT_DRAFT_TOKENS: usize = 4;
 
 /// The largest f32 copy of the matmul weights kept for prefill when the user
 /// does not choose: 4 GiB covers models up to about one billion parameters.
@@ -231,7 +220,7 @@ pub struct Engine {
     slots: CacheSlots,
     prefix_cache: bool,
     /// The most tokens drafted from earlier text and checked in one pass
-    /// (see [`Engine::set_draft_tokens`]); 0 decodes a token a pass.
+    /// (see [`EngineConfig::draft_tokens`]); 0 decodes a token a pass.
     draft_tokens: usize,
     /// Prefixes kept on disk across processes (`--prompt-cache`).
     prompt_cache: Option<PromptCache>,
@@ -242,16 +231,36 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Load the model `source` points at.
-    pub fn load(source: &ModelSource, options: &LoadOptions) -> Result<Self> {
+    /// Load the model `config` names and set the engine up as it says.
+    pub fn open(config: &EngineConfig) -> Result<Self, OpenError> {
+        let mut engine = Engine::load(config).map_err(OpenError::Model)?;
+        if let Some(cache) = &config.prompt_cache {
+            let opened = PromptCache::open(
+                &cache.dir,
+                cache.budget_bytes,
+                &engine.identity.model_sha256,
+                config.kv_dtype,
+            );
+            engine.prompt_cache = Some(opened.map_err(|source| OpenError::PromptCache {
+                dir: cache.dir.clone(),
+                source: Box::new(source),
+            })?);
+        }
+        Ok(engine)
+    }
+
+    /// The model `engine_config.source` points at, with the caches in memory
+    /// it asks for.
+    fn load(engine_config: &EngineConfig) -> Result<Self> {
+        let source = &engine_config.source;
         // The hash reads the whole model file again; it runs beside the
         // load instead of before it (Qwen-1.5B loaded in 5.5 s against 6.0,
         // as means of six alternated runs).
         std::thread::scope(|scope| {
             let digest = scope.spawn(|| model_digest(source));
-            let chosen = device::resolve(options.device);
+            let chosen = device::resolve(engine_config.device);
             let device = device::open(chosen)?;
-            if options.kv_dtype == KvDtype::Q8 && !device.is_cpu() {
+            if engine_config.kv_dtype == KvDtype::Q8 && !device.is_cpu() {
                 return Err(Error::invalid(
                     "--kv-dtype",
                     "q8 is read by the CPU kernels only; use f16 or bf16 on a GPU",
@@ -277,26 +286,34 @@ impl Engine {
                     (name, config, format, weights)
                 }
             };
-            let prefill = choose_prefill_weights(&config, options);
-            let kv_dtype = options.kv_dtype;
+            let prefill = engine_config
+                .prefill_weights
+                .unwrap_or_else(|| default_prefill_weights(&config));
+            let kv_dtype = engine_config.kv_dtype;
             let model = Transformer::new(config, &mut weights, prefill, kv_dtype, &device)?;
             let digest = digest
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
             let identity = EngineIdentity::new(name, digest, prefill, chosen, kv_dtype);
-            Engine::new(identity, model, format)
+            Engine::new(identity, model, format, engine_config)
         })
     }
 
-    fn new(identity: EngineIdentity, model: Transformer, format: PromptFormat) -> Result<Self> {
-        let slots = CacheSlots::new(model.new_cache(), 1);
+    fn new(
+        identity: EngineIdentity,
+        model: Transformer,
+        format: PromptFormat,
+        engine_config: &EngineConfig,
+    ) -> Result<Self> {
+        let mut slots = CacheSlots::new(model.new_cache(), engine_config.cache_slots);
+        slots.set_byte_budget(engine_config.cache_bytes);
         Ok(Engine {
             identity,
             model: ModelRunner::new(model),
             format: Arc::new(format),
             slots,
-            prefix_cache: true,
-            draft_tokens: DEFAULT_DRAFT_TOKENS,
+            prefix_cache: engine_config.prefix_cache,
+            draft_tokens: engine_config.draft_tokens,
             prompt_cache: None,
             grammars: std::cell::OnceCell::new(),
             token_marks: std::cell::OnceCell::new(),
@@ -355,40 +372,6 @@ impl Engine {
     /// With reuse off every call recomputes its whole prompt, for comparison.
     pub fn set_prefix_cache(&mut self, enabled: bool) {
         self.prefix_cache = enabled;
-    }
-
-    /// Draft up to `tokens` next tokens by finding the last few tokens
-    /// earlier in the prompt or output and taking what followed them there,
-    /// and check the draft in the same pass as the token before it. A
-    /// summary or a memory update repeats much of its document, and on a
-    /// CPU a pass of a few tokens costs little more than a pass of one.
-    /// Only drafts that match what the sampler picks are kept, and each
-    /// token's logits are the bits a pass of that token alone would give,
-    /// so the output is the same as with 0, which turns drafting off.
-    /// Drafting runs only where every matmul is prism's own kernel (whose
-    /// rows do not depend on each other); a sibling's drafts are checked in
-    /// the shared passes, beside the other sequences' rows.
-    pub fn set_draft_tokens(&mut self, tokens: usize) {
-        self.draft_tokens = tokens;
-    }
-
-    /// Keep up to `slots` token sequences cached (default 1); a prompt
-    /// continues the one it shares the longest prefix with. See [`cache_slots`].
-    pub fn set_cache_slots(&mut self, slots: usize) {
-        self.slots.set_limit(slots);
-    }
-
-    /// Bound the KV storage of all cached sequences together; the least
-    /// recently used go first, the one in use never. `None` is no bound.
-    pub fn set_cache_bytes(&mut self, bytes: Option<usize>) {
-        self.slots.set_byte_budget(bytes);
-    }
-
-    /// Keep the KV of each generation's sequence on disk as well, and start
-    /// a prompt from the stored entry that shares the most of it when memory
-    /// holds less. `None` turns it off.
-    pub fn set_prompt_cache(&mut self, cache: Option<PromptCache>) {
-        self.prompt_cache = cache;
     }
 
     /// Forget every cached sequence, so the next call starts cold, as on a
@@ -628,19 +611,19 @@ pub(super) fn read_gguf_header(
     }
 }
 
-fn choose_prefill_weights(config: &Config, options: &LoadOptions) -> PrefillWeights {
-    options.prefill_weights.unwrap_or_else(|| {
-        let per_layer = config.hidden_size
-            * (2 * config.heads * config.head_dim
-                + 2 * config.kv_heads * config.head_dim
-                + 3 * config.intermediate_size);
-        let dense_bytes = per_layer * config.layers * std::mem::size_of::<f32>();
-        if dense_bytes <= DENSE_PREFILL_LIMIT_BYTES {
-            PrefillWeights::Dense
-        } else {
-            PrefillWeights::Quantized
-        }
-    })
+/// Dense when the f32 copy of the model's matmul weights stays under
+/// [`DENSE_PREFILL_LIMIT_BYTES`].
+fn default_prefill_weights(config: &Config) -> PrefillWeights {
+    let per_layer = config.hidden_size
+        * (2 * config.heads * config.head_dim
+            + 2 * config.kv_heads * config.head_dim
+            + 3 * config.intermediate_size);
+    let dense_bytes = per_layer * config.layers * std::mem::size_of::<f32>();
+    if dense_bytes <= DENSE_PREFILL_LIMIT_BYTES {
+        PrefillWeights::Dense
+    } else {
+        PrefillWeights::Quantized
+    }
 }
 
 /// sha256 of what a model is loaded from: the GGUF file, or a directory's

@@ -4,7 +4,7 @@
 use super::plan::{finished, Planned};
 use super::{write_reports, Judging, SweepProgress, RESULTS};
 use crate::bench::results::{Row, Scores};
-use crate::engine::{Engine, GenerateOptions, LoadOptions};
+use crate::engine::{Engine, EngineConfig, GenerateOptions};
 use crate::error::{Error, Result};
 use crate::llm::Backend;
 use crate::models;
@@ -48,11 +48,11 @@ pub(super) fn loaded_judge<'a>(
         Some(judge) => Ok(judge),
         None => {
             let source = models::resolve(&judging.judge_model)?;
-            let options = LoadOptions {
+            let config = EngineConfig {
                 device: judging.device,
-                ..LoadOptions::default()
+                ..EngineConfig::new(source)
             };
-            let engine = Engine::load(&source, &options)?;
+            let engine = Engine::open(&config)?;
             Ok(judge.insert(Backend::Local(Box::new(engine))))
         }
     }

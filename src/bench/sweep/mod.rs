@@ -7,7 +7,7 @@ mod plan;
 mod runs;
 
 use super::results::{self, Row};
-use super::task::Task;
+use super::task::SweepDocument;
 use super::{charts, report};
 use crate::engine::device::DeviceChoice;
 use crate::engine::sampling::SamplingConfig;
@@ -20,7 +20,6 @@ use crate::run::Progress;
 use plan::{cannot_answer, documents_note, plan, unfinished};
 use runs::{Finisher, Session, SweepContext};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// One line per finished run.
 pub const RESULTS: &str = "results.jsonl";
@@ -48,34 +47,6 @@ pub struct Judging {
     /// The judge's calls in flight at once (sentences, questions), each on a
     /// sibling of the judge.
     pub concurrency: usize,
-}
-
-/// A document of the sweep, read.
-#[derive(Debug, Clone)]
-pub struct SweepDocument {
-    pub path: PathBuf,
-    pub text: String,
-    /// The question this document's runs answer, in place of the methods'
-    /// own queries; none for a document to summarize.
-    pub task: Option<Arc<dyn Task>>,
-}
-
-impl SweepDocument {
-    /// The file name, as rows carry it.
-    pub fn file_name(&self) -> String {
-        self.path.file_name().map_or_else(
-            || self.path.display().to_string(),
-            |name| name.to_string_lossy().into_owned(),
-        )
-    }
-
-    /// What tells this document's runs apart from the others': the task
-    /// when it has one, else the file name. Run directories go by it.
-    pub fn name(&self) -> String {
-        self.task
-            .as_ref()
-            .map_or_else(|| self.file_name(), |task| task.id().to_string())
-    }
 }
 
 /// Everything a sweep needs besides the loaded engine.

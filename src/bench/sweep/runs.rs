@@ -4,8 +4,9 @@
 use super::estimate::estimate_note;
 use super::judge::{judge_summary, loaded_judge, read_answer};
 use super::plan::{finished, Planned};
-use super::{write_reports, Sweep, SweepDocument, SweepProgress, RESULTS};
+use super::{write_reports, Sweep, SweepProgress, RESULTS};
 use crate::bench::results::{self, Machine, Row, Scores};
+use crate::bench::task::SweepDocument;
 use crate::error::{Error, Result};
 use crate::job::{Document, Job};
 use crate::llm::Backend;

@@ -1,16 +1,17 @@
 //! `prism bench`: turns the sweep's flags into a [`Sweep`] (each method name
 //! into its settings) and runs it with [`prism::bench::sweep::run`].
 
-use super::method_args::{MemoryArg, MethodArgs, MethodName, OnOff};
+mod method_names;
+
+use super::method_args::MethodArgs;
 use super::progress::Bar;
 use super::{BackendArgs, DocumentLimit, SamplingArgs};
 use anyhow::Result;
-use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Subcommand, ValueEnum};
-use prism::bench::sweep::{Judging, Sweep, SweepDocument, SweepMethod};
-use prism::bench::{code_retrieval, report};
+use method_names::sweep_methods;
+use prism::bench::sweep::{Judging, Sweep};
+use prism::bench::{code_retrieval, report, task};
 use prism::engine::sampling::SamplingConfig;
-use prism::methods::prism::{MemoryMode, Variant};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Args)]
@@ -116,101 +117,9 @@ fn regenerate(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A method as `--methods` names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct BenchMethod {
-    name: String,
-    method: MethodName,
-    /// Set for prism, whose variants are told apart by name.
-    prism: Option<Variant>,
-}
-
-impl BenchMethod {
-    /// Parse one `--methods` name; an unknown one is an error listing every valid name.
-    fn parse(name: &str) -> Result<Self, String> {
-        if let Some(prism) = Variant::parse(name) {
-            return Ok(BenchMethod {
-                name: name.to_string(),
-                method: MethodName::Prism,
-                prism: Some(prism),
-            });
-        }
-        match MethodName::from_str(name, true) {
-            Ok(method) if method != MethodName::Prism => Ok(BenchMethod {
-                name: name.to_ascii_lowercase(),
-                method,
-                prism: None,
-            }),
-            _ => Err(format!(
-                "unknown method `{name}`; valid names: {}",
-                valid_names().join(", ")
-            )),
-        }
-    }
-
-    /// `base` with the settings this name fixes.
-    fn args(&self, base: &MethodArgs) -> MethodArgs {
-        let mut args = base.clone();
-        if let Some(prism) = self.prism {
-            args.memory = match prism.memory {
-                MemoryMode::Amendments => MemoryArg::Amendments,
-                MemoryMode::InPlace => MemoryArg::InPlace,
-            };
-            args.no_updates = !prism.updates;
-            args.constrained = if prism.constrained {
-                OnOff::On
-            } else {
-                OnOff::Off
-            };
-        }
-        args
-    }
-}
-
-/// Every name `--methods` accepts.
-fn valid_names() -> Vec<String> {
-    let mut names: Vec<String> = Variant::all().map(|variant| variant.name()).collect();
-    names.extend(
-        MethodName::value_variants()
-            .iter()
-            .filter(|method| **method != MethodName::Prism)
-            .filter_map(|method| Some(method.to_possible_value()?.get_name().to_string())),
-    );
-    names
-}
-
-/// The flags a prism name decides; giving them too would be silently overridden.
-const SET_BY_PRISM_NAMES: [(&str, &str); 3] = [
-    ("memory", "--memory"),
-    ("no_updates", "--no-updates"),
-    ("constrained", "--constrained"),
-];
-
 fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
     let out = args.out.expect("clap requires --out without a subcommand");
-    let methods = args
-        .methods
-        .iter()
-        .map(|name| BenchMethod::parse(name.trim()))
-        .collect::<Result<Vec<_>, String>>()
-        .map_err(anyhow::Error::msg)?;
-    if methods.iter().any(|method| method.prism.is_some()) {
-        for (id, flag) in SET_BY_PRISM_NAMES {
-            anyhow::ensure!(
-                matches.value_source(id) != Some(ValueSource::CommandLine),
-                "{flag} is set by each prism method's name in bench (e.g. prism-in-place-no-updates-unconstrained); leave it out"
-            );
-        }
-    }
-    let methods = methods
-        .iter()
-        .map(|method| {
-            Ok(SweepMethod {
-                name: method.name.clone(),
-                spec: method.args(&args.method_args).spec(method.method)?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let methods = sweep_methods(&args.methods, &args.method_args, matches)?;
     let judging = match args.quality {
         false => None,
         true => Some(Judging {
@@ -241,16 +150,9 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
                 "name the documents to summarize, or give --task code-retrieval --tasks FILE"
             )
         }
-        (TaskName::Summary, None) => prism::document::expand_directories(&args.documents)?
-            .into_iter()
-            .map(|path| {
-                Ok(SweepDocument {
-                    text: args.document_limit.read(&path)?,
-                    path,
-                    task: None,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?,
+        (TaskName::Summary, None) => {
+            task::summary_documents(&args.documents, args.document_limit.max_bytes())?
+        }
     };
     let sweep = Sweep {
         documents,
@@ -292,6 +194,3 @@ fn command_line() -> String {
         .collect::<Vec<_>>()
         .join(" ")
 }
-
-#[cfg(test)]
-mod tests;
