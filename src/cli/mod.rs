@@ -30,6 +30,7 @@ macro_rules! note {
 
 mod bench;
 mod bench_engine;
+mod flags;
 mod generate;
 mod method_args;
 mod models;
@@ -108,6 +109,7 @@ enum Command {
 }
 
 pub fn run() -> Result<()> {
+    prism::error::spell_settings_as(flags::flag);
     let matches = Cli::command()
         .try_get_matches()
         .unwrap_or_else(|e| exit_on_usage(e));
