@@ -5,7 +5,7 @@ use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use crate::{Error, Result};
+use crate::{Error, Result, Setting};
 
 const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
 
@@ -80,8 +80,9 @@ pub fn read_sources(paths: &[PathBuf], max_bytes: u64) -> Result<String> {
         Error::invalid(
             "the documents",
             format!(
-                "are larger than {} MiB together; raise --max-document-mib",
-                max_bytes as f64 / f64::from(1 << 20)
+                "are larger than {} MiB together; raise {}",
+                max_bytes as f64 / f64::from(1 << 20),
+                Setting::MaxDocumentBytes
             ),
         )
     };
@@ -187,8 +188,9 @@ pub fn read_document(path: &Path, max_bytes: u64) -> Result<String> {
         .map_err(|err| Error::io(path, err))?;
     if bytes.len() as u64 > max_bytes {
         return Err(refuse(format!(
-            "is larger than {} MiB; split it, or raise --max-document-mib",
-            max_bytes as f64 / f64::from(1 << 20)
+            "is larger than {} MiB; split it, or raise {}",
+            max_bytes as f64 / f64::from(1 << 20),
+            Setting::MaxDocumentBytes
         )));
     }
 
@@ -433,10 +435,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = write(&dir, "long.txt", &b"word ".repeat(1000));
         let err = read_document(&path, 4096).unwrap_err();
-        assert!(
-            err.to_string().contains("raise --max-document-mib"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("raise max_bytes"), "{err}");
         assert!(read_document(&path, 5000).is_ok());
     }
 }

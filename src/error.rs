@@ -1,5 +1,9 @@
 //! The library's one error type: every variant names the input that failed.
 
+mod setting;
+
+pub use setting::{spell_settings_as, Setting};
+
 use std::path::PathBuf;
 
 /// Everything that can go wrong inside prism, with the path, model or value at fault.
@@ -53,7 +57,7 @@ pub enum Error {
     #[error("remote backend {url}: {reason}")]
     Remote { url: String, reason: String },
 
-    #[error("remote backend {url} serves {served}, not {model} that prism formats prompts for: {evidence}; pass --model for the served model, or --allow-model-mismatch")]
+    #[error("remote backend {url} serves {served}, not {model} that prism formats prompts for: {evidence}; pass {} for the served model, or {}", Setting::Model, Setting::AllowModelMismatch)]
     ModelMismatch {
         url: String,
         served: String,
@@ -61,7 +65,7 @@ pub enum Error {
         evidence: String,
     },
 
-    #[error("remote backend {url} does not keep to the grammar sent as {dialect}: its reply is not text the grammar admits, so revisions would not parse; choose another --remote-constraint, or pass --allow-unconstrained to go on and refuse what does not parse")]
+    #[error("remote backend {url} does not keep to the grammar sent as {dialect}: its reply is not text the grammar admits, so revisions would not parse; choose another {}, or pass {} to go on and refuse what does not parse", Setting::RemoteConstraint, Setting::AllowUnconstrained)]
     GrammarNotKept { url: String, dialect: String },
 
     #[error("batched decoding: {reason}")]
@@ -69,6 +73,9 @@ pub enum Error {
 
     #[error("{what}: {reason}")]
     InvalidInput { what: String, reason: String },
+
+    #[error("{setting}: {reason}")]
+    InvalidSetting { setting: Setting, reason: String },
 
     #[error("{context}: {source}")]
     Candle {
@@ -91,6 +98,13 @@ impl Error {
     pub fn invalid(what: impl Into<String>, reason: impl Into<String>) -> Self {
         Error::InvalidInput {
             what: what.into(),
+            reason: reason.into(),
+        }
+    }
+
+    pub fn invalid_setting(setting: Setting, reason: impl Into<String>) -> Self {
+        Error::InvalidSetting {
+            setting,
             reason: reason.into(),
         }
     }

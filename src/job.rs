@@ -5,7 +5,7 @@ use crate::chunk::Chunk;
 use crate::engine::prompt_format::PromptFormat;
 use crate::engine::sampling::SamplingConfig;
 use crate::engine::GenerateOptions;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting};
 use crate::llm::{Backend, BackendIdentity};
 use crate::methods::{MethodFigures, MethodSpec};
 use crate::run::dir::{fingerprint, RunDir};
@@ -81,13 +81,16 @@ impl Document {
         first_tokens: Option<usize>,
     ) -> Result<Self> {
         if chunk_tokens == 0 {
-            return Err(Error::invalid("--chunk-tokens", "must be at least 1"));
+            return Err(Error::invalid_setting(
+                Setting::ChunkTokens,
+                "must be at least 1",
+            ));
         }
         let context = format.context_tokens();
         if chunk_tokens >= context {
-            return Err(Error::invalid(
-                format!("--chunk-tokens {chunk_tokens}"),
-                format!("does not fit the model's context of {context} tokens"),
+            return Err(Error::invalid_setting(
+                Setting::ChunkTokens,
+                format!("{chunk_tokens} does not fit the model's context of {context} tokens"),
             ));
         }
         let tokenizer = format.tokenizer();
@@ -103,9 +106,9 @@ impl Document {
                 covered <= limit
             });
             if chunks.is_empty() {
-                return Err(Error::invalid(
-                    format!("--first-tokens {limit}"),
-                    "less than the first chunk",
+                return Err(Error::invalid_setting(
+                    Setting::FirstTokens,
+                    format!("{limit} is less than the first chunk"),
                 ));
             }
         }
@@ -258,7 +261,10 @@ impl Job<'_> {
         }
         Err(Error::invalid(
             out.display().to_string(),
-            "nothing to resume, there is no checkpoint; run without --resume to start",
+            format!(
+                "nothing to resume, there is no checkpoint; run without {} to start",
+                Setting::Resume
+            ),
         ))
     }
 

@@ -38,4 +38,4 @@ pub mod quality;
 pub mod schema_gen;
 pub mod serve;
 
-pub use error::{Error, Result};
+pub use error::{Error, Result, Setting};

@@ -2,7 +2,7 @@
 //! is not a valid schema is sent back with the reason, a bounded number of times.
 
 use crate::engine::constraint::Grammar;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting};
 use crate::llm::{Llm, Prompt};
 use crate::memory::render::to_line;
 use crate::memory::schema::WorkedExample;
@@ -363,12 +363,12 @@ pub fn generate_schema(
     request: &SchemaRequest,
     config: &SchemaGenConfig,
 ) -> Result<GeneratedSchema> {
-    for (what, text) in [
-        ("--domain", &request.domain),
-        ("--example-query", &request.example_query),
+    for (setting, text) in [
+        (Setting::Domain, &request.domain),
+        (Setting::ExampleQuery, &request.example_query),
     ] {
         if text.trim().is_empty() {
-            return Err(Error::invalid(what, "is empty"));
+            return Err(Error::invalid_setting(setting, "is empty"));
         }
     }
     let shots = pick_shots(request);

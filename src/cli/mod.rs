@@ -32,6 +32,7 @@ mod backend_args;
 mod bench;
 mod bench_engine;
 mod engine_args;
+mod flags;
 mod generate;
 mod method_args;
 mod method_spec;
@@ -113,6 +114,7 @@ enum Command {
 }
 
 pub fn run() -> Result<()> {
+    prism::error::spell_settings_as(flags::flag);
     let matches = Cli::command()
         .try_get_matches()
         .unwrap_or_else(|e| exit_on_usage(e));

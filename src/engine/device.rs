@@ -25,8 +25,8 @@ impl std::str::FromStr for DeviceChoice {
             "cpu" => Ok(DeviceChoice::Cpu),
             "cuda" => Ok(DeviceChoice::Cuda),
             "metal" => Ok(DeviceChoice::Metal),
-            other => Err(crate::Error::invalid(
-                "--device",
+            other => Err(crate::Error::invalid_setting(
+                crate::Setting::Device,
                 format!("`{other}` is not one of auto, cpu, cuda, metal"),
             )),
         }
@@ -55,12 +55,12 @@ pub fn open(choice: DeviceChoice) -> Result<Device> {
         DeviceChoice::Metal if cfg!(feature = "metal") => {
             Device::new_metal(0).context("opening Metal device 0")
         }
-        DeviceChoice::Cuda => Err(crate::Error::invalid(
-            "--device cuda",
+        DeviceChoice::Cuda => Err(crate::Error::invalid_setting(
+            crate::Setting::Device,
             "this prism was built without the `cuda` feature (cargo build --release --features cuda)",
         )),
-        DeviceChoice::Metal => Err(crate::Error::invalid(
-            "--device metal",
+        DeviceChoice::Metal => Err(crate::Error::invalid_setting(
+            crate::Setting::Device,
             "this prism was built without the `metal` feature (cargo build --release --features metal)",
         )),
     }

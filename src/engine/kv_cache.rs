@@ -70,8 +70,8 @@ impl std::str::FromStr for KvDtype {
             "f16" => Ok(KvDtype::F16),
             "bf16" => Ok(KvDtype::Bf16),
             "q8" => Ok(KvDtype::Q8),
-            other => Err(crate::Error::invalid(
-                "--kv-dtype",
+            other => Err(crate::Error::invalid_setting(
+                crate::Setting::KvDtype,
                 format!("`{other}` is not one of f32, f16, bf16, q8"),
             )),
         }

@@ -23,7 +23,7 @@ pub mod tokenizer;
 pub use config::{EngineConfig, OpenError, PromptCacheConfig, DEFAULT_DRAFT_TOKENS};
 pub(crate) use generate::{check_lines_after, first_refused_line};
 
-use crate::error::{without_panic, Error, Result};
+use crate::error::{without_panic, Error, Result, Setting};
 use batch::ModelRunner;
 use cache_slots::CacheSlots;
 use candle_core::quantized::gguf_file;
@@ -261,8 +261,8 @@ impl Engine {
             let chosen = device::resolve(engine_config.device);
             let device = device::open(chosen)?;
             if engine_config.kv_dtype == KvDtype::Q8 && !device.is_cpu() {
-                return Err(Error::invalid(
-                    "--kv-dtype",
+                return Err(Error::invalid_setting(
+                    Setting::KvDtype,
                     "q8 is read by the CPU kernels only; use f16 or bf16 on a GPU",
                 ));
             }

@@ -2,7 +2,7 @@
 //! `llama-perplexity` measures it, to check that prism computes what a GGUF file means.
 
 use super::Engine;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting};
 
 /// How the text is cut into windows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,16 +61,22 @@ impl Windows {
     /// Refuse windows too small to score anything, or a stride of 0.
     pub fn validate(&self, context_tokens: usize) -> Result<()> {
         if self.context < 4 {
-            return Err(Error::invalid("--context", "must be at least 4 tokens"));
+            return Err(Error::invalid_setting(
+                Setting::Context,
+                "must be at least 4 tokens",
+            ));
         }
         if self.context >= context_tokens {
-            return Err(Error::invalid(
-                "--context",
+            return Err(Error::invalid_setting(
+                Setting::Context,
                 format!("must be below the model's context of {context_tokens} tokens"),
             ));
         }
         if self.stride == 0 {
-            return Err(Error::invalid("--stride", "must be at least 1"));
+            return Err(Error::invalid_setting(
+                Setting::Stride,
+                "must be at least 1",
+            ));
         }
         Ok(())
     }
@@ -108,8 +114,9 @@ impl Engine {
             return Err(Error::invalid(
                 "perplexity",
                 format!(
-                    "the text has {} tokens; a window of --context {} needs at least that many",
+                    "the text has {} tokens; a window of {} {} needs at least that many",
                     tokens.len(),
+                    Setting::Context,
                     windows.context
                 ),
             ));

@@ -5,7 +5,7 @@ use super::chat::{ChatMessage, ChatTemplate};
 use super::model::Config;
 use super::source::ModelSource;
 use super::tokenizer::Tokenizer;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting};
 
 pub struct PromptFormat {
     name: String,
@@ -77,7 +77,11 @@ impl PromptFormat {
             .chat_template
             .as_ref()
             .ok_or_else(|| Error::ChatTemplate {
-                reason: format!("{} has no chat template; run without --chat", self.name),
+                reason: format!(
+                    "{} has no chat template; run without {}",
+                    self.name,
+                    Setting::Chat
+                ),
             })?;
         template.render(messages, true)
     }

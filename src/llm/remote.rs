@@ -15,7 +15,7 @@ use crate::engine::kv_cache::common_prefix;
 use crate::engine::prompt_format::PromptFormat;
 use crate::engine::sampling::SamplingConfig;
 use crate::engine::{first_refused_line, GenerateOptions, LineCheck, LineVerdict, Usage};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting};
 use std::io::{BufRead, BufReader};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -322,7 +322,10 @@ impl RemoteModel {
             ids => ids.join(", "),
         };
         if self.options.allow_model_mismatch {
-            tracing::warn!("{url} serves {served}, not {name}: {evidence}; going on as --allow-model-mismatch says");
+            tracing::warn!(
+                "{url} serves {served}, not {name}: {evidence}; going on as {} says",
+                Setting::AllowModelMismatch
+            );
             return None;
         }
         Some(Mismatch { served, evidence })
@@ -449,8 +452,9 @@ impl RemoteModel {
         }
         if !self.warned_unkept.swap(true, Ordering::Relaxed) {
             tracing::warn!(
-                "{} does not keep to the grammar sent as {dialect}; going on as --allow-unconstrained says, refusing what does not parse",
-                self.options.base_url
+                "{} does not keep to the grammar sent as {dialect}; going on as {} says, refusing what does not parse",
+                self.options.base_url,
+                Setting::AllowUnconstrained
             );
         }
         Ok(())

@@ -4,7 +4,7 @@
 use super::baseline::{part_prompt, summarize_alone, words_for, Call, SYSTEM};
 use super::length::{target_words, to_length};
 use crate::chunk::Chunk;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting};
 use crate::llm::{Llm, Prompt};
 use crate::run::{blank_chunk, prompt_texts, Advance, Finish, Method, Position};
 use std::ops::Range;
@@ -243,7 +243,7 @@ impl<'a> Hierarchical<'a> {
             if runs.len() == summaries.len() {
                 return Err(Error::invalid(
                     format!("merge level {level}"),
-                    format!("no two summaries of {} fit one call in the model's context of {context_tokens} tokens; use a smaller --max-summary-tokens", summaries.len()),
+                    format!("no two summaries of {} fit one call in the model's context of {context_tokens} tokens; use a smaller {}", summaries.len(), Setting::MaxSummaryTokens),
                 ));
             }
             let run = runs

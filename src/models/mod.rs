@@ -17,7 +17,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::engine::source::ModelSource;
-use crate::{Error, Result};
+use crate::{Error, Result, Setting};
 use hub::Hub;
 
 /// The model `--model` defaults to: the smallest shipped model whose
@@ -162,10 +162,12 @@ fn check_gguf_file(path: &Path) -> Result<()> {
         Ok(()) if &magic == GGUF_MAGIC => Ok(()),
         Ok(()) => Err(Error::BadModelFile {
             path: path.to_path_buf(),
-            reason: "not a GGUF file (no GGUF magic); --model takes a .gguf file, a directory \
-                     with config.json, tokenizer.json and *.safetensors, a model name, an \
-                     owner/name repo id or owner/name:QUANT"
-                .into(),
+            reason: format!(
+                "not a GGUF file (no GGUF magic); {} takes a .gguf file, a directory with \
+                 config.json, tokenizer.json and *.safetensors, a model name, an owner/name \
+                 repo id or owner/name:QUANT",
+                Setting::Model
+            ),
         }),
         Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => Err(Error::BadModelFile {
             path: path.to_path_buf(),

@@ -7,7 +7,7 @@ use crate::chunk::Chunk;
 use crate::engine::constraint::Grammar;
 use crate::engine::sampling::SamplingConfig;
 use crate::engine::LineCheck;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting};
 use crate::llm::remote::CacheFigures;
 use crate::llm::{Completion, Llm, Prompt, Request};
 use crate::metrics::copying::{Copying, DocumentWords};
@@ -337,7 +337,11 @@ fn restore<M: Method>(
         Some(_) => {
             return Err(Error::invalid(
                 dir.path().display().to_string(),
-                "holds a run already; pass --resume to continue it, or choose another --out",
+                format!(
+                    "holds a run already; pass {} to continue it, or choose another {}",
+                    Setting::Resume,
+                    Setting::Out
+                ),
             ))
         }
         None => {
@@ -348,8 +352,9 @@ fn restore<M: Method>(
                 return Err(Error::invalid(
                     dir.path().display().to_string(),
                     format!(
-                        "holds {steps} steps but no readable checkpoint to resume them from; move {} away to start over, or choose another --out",
-                        RunDir::STEPS
+                        "holds {steps} steps but no readable checkpoint to resume them from; move {} away to start over, or choose another {}",
+                        RunDir::STEPS,
+                        Setting::Out
                     ),
                 ));
             }
@@ -437,7 +442,8 @@ impl Metered<'_> {
             return Err(Error::invalid(
                 self.stage,
                 format!(
-                    "{prompt_tokens} tokens plus {max_tokens} to generate do not fit the model's context of {context} tokens; use a smaller --chunk-tokens"
+                    "{prompt_tokens} tokens plus {max_tokens} to generate do not fit the model's context of {context} tokens; use a smaller {}",
+                    Setting::ChunkTokens
                 ),
             ));
         }

@@ -59,7 +59,10 @@ impl ApiError {
         ApiError {
             status: StatusCode::GATEWAY_TIMEOUT,
             kind: "timeout",
-            message: "the request did not finish within the server's --request-timeout".into(),
+            message: format!(
+                "the request did not finish within the server's {}",
+                crate::Setting::RequestTimeout
+            ),
             param: None,
         }
     }
@@ -87,6 +90,7 @@ impl From<crate::Error> for ApiError {
     fn from(error: crate::Error) -> Self {
         match error {
             crate::Error::InvalidInput { .. }
+            | crate::Error::InvalidSetting { .. }
             | crate::Error::PromptTooLong { .. }
             | crate::Error::ChatTemplate { .. } => ApiError::invalid(error.to_string()),
             other => ApiError::server(other.to_string()),

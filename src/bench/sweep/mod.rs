@@ -11,7 +11,7 @@ use super::task::SweepDocument;
 use super::{charts, report};
 use crate::engine::device::DeviceChoice;
 use crate::engine::sampling::SamplingConfig;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting};
 use crate::llm::Backend;
 use crate::methods::MethodSpec;
 use crate::qa::QaPair;
@@ -78,12 +78,17 @@ impl Sweep {
     /// it loads a model.
     pub fn validate(&self) -> Result<()> {
         let names: Vec<&str> = self.methods.iter().map(|m| m.name.as_str()).collect();
-        distinct(&names, "--methods")?;
-        distinct(&self.chunk_sizes, "--chunk-tokens")?;
+        distinct(&names).map_err(|reason| Error::invalid_setting(Setting::Methods, reason))?;
+        distinct(&self.chunk_sizes)
+            .map_err(|reason| Error::invalid_setting(Setting::ChunkSizes, reason))?;
         let documents: Vec<String> = self.documents.iter().map(SweepDocument::name).collect();
-        distinct(&documents, "the documents' file names")?;
+        distinct(&documents)
+            .map_err(|reason| Error::invalid("the documents' file names", reason))?;
         if self.concurrency == 0 {
-            return Err(Error::invalid("--concurrency", "must be at least 1"));
+            return Err(Error::invalid_setting(
+                Setting::Concurrency,
+                "must be at least 1",
+            ));
         }
         let has_tasks = self
             .documents
@@ -97,8 +102,8 @@ impl Sweep {
             return Err(cannot_answer(method));
         }
         if has_tasks && self.judging.is_some() {
-            return Err(Error::invalid(
-                "--quality",
+            return Err(Error::invalid_setting(
+                Setting::Judging,
                 "judges summaries; a task's runs are scored by their answers",
             ));
         }
@@ -107,7 +112,11 @@ impl Sweep {
         if !self.resume && is_nonempty_dir {
             return Err(Error::invalid(
                 self.out.display().to_string(),
-                "not empty; pass --resume to continue the sweep in it, or choose another --out",
+                format!(
+                    "not empty; pass {} to continue the sweep in it, or choose another {}",
+                    Setting::Resume,
+                    Setting::Out
+                ),
             ));
         }
         Ok(())
@@ -191,8 +200,9 @@ pub fn run(
     }
     if this_session < pending.len() {
         progress.note(&format!(
-            "{}: paused after {this_session} runs; continue with --resume",
-            out.display()
+            "{}: paused after {this_session} runs; continue with {}",
+            out.display(),
+            Setting::Resume
         ));
         return Ok(SweepOutcome {
             rows,
@@ -224,14 +234,14 @@ pub fn regenerate(dir: &Path) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// `values`, refusing an empty list or one with repeats.
-fn distinct<T: PartialEq + std::fmt::Display>(values: &[T], flag: &str) -> Result<()> {
+/// Refuse an empty list or one with repeats, saying which.
+fn distinct<T: PartialEq + std::fmt::Display>(values: &[T]) -> std::result::Result<(), String> {
     if values.is_empty() {
-        return Err(Error::invalid(flag, "lists nothing"));
+        return Err("lists nothing".into());
     }
     for (index, value) in values.iter().enumerate() {
         if values[..index].contains(value) {
-            return Err(Error::invalid(flag, format!("lists {value} twice")));
+            return Err(format!("lists {value} twice"));
         }
     }
     Ok(())
@@ -254,9 +264,8 @@ mod tests {
 
     #[test]
     fn repeated_values_are_refused() {
-        assert!(distinct(&[500, 1000], "--chunk-tokens").is_ok());
-        let err = distinct(&[500, 500], "--chunk-tokens").unwrap_err();
-        assert_eq!(err.to_string(), "--chunk-tokens: lists 500 twice");
-        assert!(distinct::<usize>(&[], "--chunk-tokens").is_err());
+        assert!(distinct(&[500, 1000]).is_ok());
+        assert_eq!(distinct(&[500, 500]), Err("lists 500 twice".into()));
+        assert!(distinct::<usize>(&[]).is_err());
     }
 }

@@ -5,7 +5,7 @@ use super::{Sweep, SweepMethod, RUNS};
 use crate::bench::results::{self, Row};
 use crate::engine::prompt_format::PromptFormat;
 use crate::engine::sampling::SamplingConfig;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting};
 use crate::job::{self, Chunking, Document, Documents, Job, Request};
 use crate::llm::BackendIdentity;
 use crate::methods::MethodSpec;
@@ -73,7 +73,10 @@ pub(super) fn unfinished<'p>(
             Some(index) if rows[index].fingerprint != fingerprint(planned) => {
                 return Err(Error::invalid(
                     out.join(&rows[index].run_dir).display().to_string(),
-                    "finished with other settings than this sweep's; choose another --out",
+                    format!(
+                        "finished with other settings than this sweep's; choose another {}",
+                        Setting::Out
+                    ),
                 ))
             }
             Some(_) => {}
@@ -142,7 +145,7 @@ pub(super) fn plan<'a>(
 
 pub(super) fn cannot_answer(method: &SweepMethod) -> Error {
     Error::invalid(
-        format!("--methods {}", method.name),
+        format!("{} {}", Setting::Methods, method.name),
         "cannot answer a query: a task runs the prism variants and whole",
     )
 }

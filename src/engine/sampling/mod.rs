@@ -1,7 +1,7 @@
 //! Choosing the next token from logits: greedy, or seeded sampling with
 //! temperature, top-k and top-p, after the repetition controls.
 
-use crate::error::{CandleContext, Result};
+use crate::error::{CandleContext, Result, Setting};
 use candle_core::{Device, Tensor};
 use candle_transformers::generation::{LogitsProcessor, Sampling};
 use std::collections::{HashMap, HashSet};
@@ -134,39 +134,43 @@ impl SamplingConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
-        let invalid = |what: &str, reason: &str| Err(crate::Error::invalid(what, reason));
+        let invalid =
+            |setting: Setting, reason: &str| Err(crate::Error::invalid_setting(setting, reason));
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return invalid("--temperature", "must be a finite number ≥ 0");
+            return invalid(Setting::Temperature, "must be a finite number ≥ 0");
         }
         if self.top_k == Some(0) {
-            return invalid("--top-k", "must be at least 1");
+            return invalid(Setting::TopK, "must be at least 1");
         }
         if let Some(p) = self.top_p {
             if !(p > 0.0 && p <= 1.0) {
-                return invalid("--top-p", "must be in (0, 1]");
+                return invalid(Setting::TopP, "must be in (0, 1]");
             }
         }
         if !(self.repeat_penalty > 0.0 && self.repeat_penalty.is_finite()) {
-            return invalid("--repeat-penalty", "must be a finite number > 0");
+            return invalid(Setting::RepeatPenalty, "must be a finite number > 0");
         }
         if !(self.dry_multiplier >= 0.0 && self.dry_multiplier.is_finite()) {
-            return invalid("--dry-multiplier", "must be a finite number ≥ 0 (0 is off)");
+            return invalid(
+                Setting::DryMultiplier,
+                "must be a finite number ≥ 0 (0 is off)",
+            );
         }
         if !self.dry_base.is_finite() || (self.dry_multiplier > 0.0 && self.dry_base <= 1.0) {
             return invalid(
-                "--dry-base",
+                Setting::DryBase,
                 "must be a finite number > 1: the DRY penalty grows by this factor per repeated token",
             );
         }
         if self.no_copy_ngram == 1 {
             return invalid(
-                "--no-copy",
+                Setting::NoCopyNgram,
                 "must be 0 (off) or at least 2: at 1 every token of the source would be banned",
             );
         }
         if self.dry_multiplier > 0.0 && self.dry_allowed_length >= DRY_MAX_MATCH {
             return invalid(
-                "--dry-allowed-length",
+                Setting::DryAllowedLength,
                 &format!("must be below {DRY_MAX_MATCH}, the longest repeat DRY measures"),
             );
         }

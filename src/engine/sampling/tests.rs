@@ -81,7 +81,7 @@ fn invalid_settings_are_refused() {
         ..SamplingConfig::default()
     };
     let err = low_base.validate().unwrap_err().to_string();
-    assert!(err.contains("--dry-base") && err.contains("> 1"), "{err}");
+    assert!(err.contains("dry_base") && err.contains("> 1"), "{err}");
     let negative = SamplingConfig {
         dry_multiplier: -0.5,
         ..SamplingConfig::default()

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::{Error, Result};
+use crate::{Error, Result, Setting};
 
 /// Replace `path` with `bytes` atomically: readers see the old file or the new
 /// one, and after a crash the file is one of the two.
@@ -248,7 +248,10 @@ impl RunDir {
                 };
                 Err(Error::invalid(
                     self.path.display().to_string(),
-                    format!("{holder} is writing this run; wait for it or choose another --out"),
+                    format!(
+                        "{holder} is writing this run; wait for it or choose another {}",
+                        Setting::Out
+                    ),
                 ))
             }
             Err(fs::TryLockError::Error(err)) => Err(Error::io(&path, err)),
@@ -330,7 +333,7 @@ impl RunDir {
             },
         };
         let path = self.file(name)?.display().to_string();
-        let start_over = "use a new --out or drop --resume";
+        let start_over = format!("use a new {} or drop {}", Setting::Out, Setting::Resume);
         if raw.version != CHECKPOINT_VERSION {
             return Err(Error::invalid(
                 path,

@@ -218,7 +218,7 @@ fn checkpoint_from_other_settings_is_refused() {
     let err = run.load_checkpoint::<Value>(&new).unwrap_err().to_string();
     assert!(err.contains("checkpoint.json"), "{err}");
     assert!(err.contains("different settings"), "{err}");
-    assert!(err.contains("--resume"), "{err}");
+    assert!(err.contains("drop resume"), "{err}");
     assert!(!err.contains('\n'), "{err}");
 }
 
