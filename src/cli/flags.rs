@@ -36,6 +36,7 @@ pub fn flag(setting: Setting) -> &'static str {
         Setting::Domain => "--domain",
         Setting::ExampleQuery => "--example-query",
         Setting::RequestTimeout => "--request-timeout",
+        Setting::PromptCache => "--prompt-cache",
     }
 }
 

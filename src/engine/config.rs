@@ -5,7 +5,7 @@ use super::device::DeviceChoice;
 use super::kv_cache::KvDtype;
 use super::model::PrefillWeights;
 use super::source::ModelSource;
-use crate::error::Error;
+use crate::error::{Error, Setting};
 use std::path::PathBuf;
 
 /// Tokens drafted a pass unless [`EngineConfig::draft_tokens`] says otherwise.
@@ -80,7 +80,7 @@ pub struct PromptCacheConfig {
 pub enum OpenError {
     #[error(transparent)]
     Model(Error),
-    #[error("--prompt-cache {}", dir.display())]
+    #[error("{} {}", Setting::PromptCache, dir.display())]
     PromptCache {
         dir: PathBuf,
         #[source]
@@ -93,7 +93,7 @@ impl From<OpenError> for Error {
         match err {
             OpenError::Model(err) => err,
             OpenError::PromptCache { dir, source } => Error::invalid(
-                format!("--prompt-cache {}", dir.display()),
+                format!("{} {}", Setting::PromptCache, dir.display()),
                 source.to_string(),
             ),
         }

@@ -67,6 +67,8 @@ settings! {
     Domain => "domain",
     ExampleQuery => "example_query",
     RequestTimeout => "request_timeout",
+    /// `EngineConfig::prompt_cache`.
+    PromptCache => "prompt_cache",
 }
 
 /// How this process spells settings, when a front end has chosen.
