@@ -1,6 +1,7 @@
 //! The model as methods see it: prompts of text segments in, text and usage out; a
 //! [`Backend`] is where the calls run, the local engine or a remote server.
 
+mod dialect;
 mod grammar_check;
 pub mod probe;
 pub mod remote;
