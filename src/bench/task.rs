@@ -1,6 +1,5 @@
-//! A sweep's documents, and the task a document may carry: what a sweep asks
-//! of it besides a summary. Tasks such as code retrieval build on these
-//! types, and the sweep runs them without knowing which task it is.
+//! A sweep's documents, and the task a document may carry: what a sweep asks of
+//! it besides a summary.
 
 use crate::document::{expand_directories, read_document};
 use crate::error::Result;
@@ -54,6 +53,9 @@ pub fn summary_documents(paths: &[PathBuf], max_bytes: u64) -> Result<Vec<SweepD
 /// document answers the task's query in place of its method's own, and the
 /// answer is scored by the task; a document without a task is summarized
 /// and judged by `--quality` instead.
+///
+/// Tasks such as code retrieval implement this trait, and the sweep runs them
+/// without knowing which task it is.
 pub trait Task: std::fmt::Debug + Send + Sync {
     /// Names the document's runs and rows, in place of its file name.
     fn id(&self) -> &str;

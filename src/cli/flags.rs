@@ -1,6 +1,5 @@
-//! The one table from the library's settings to the flags that set them:
-//! the library's errors name a setting, and a user of the command line
-//! should read the flag they typed.
+//! The one table from the library's settings to the flags that set them: the
+//! library's errors name a setting, and a user should read the flag they typed.
 
 use prism::Setting;
 

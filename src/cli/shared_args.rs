@@ -1,8 +1,5 @@
-//! The flags several subcommands share besides the model's ([`EngineArgs`]
-//! and [`BackendArgs`]): the document's size limit, and sizes in bytes.
-//!
-//! [`EngineArgs`]: super::EngineArgs
-//! [`BackendArgs`]: super::BackendArgs
+//! The flags several subcommands share besides the model's ([`super::EngineArgs`]
+//! and [`super::BackendArgs`]): the document's size limit, and sizes in bytes.
 
 use anyhow::Result;
 use clap::Args;

@@ -1,6 +1,5 @@
-//! Grammar-constrained decoding: at each step only the tokens that keep the
-//! output inside a grammar (a JSON Schema, a Lark grammar or a regex) may be
-//! sampled. The masks come from llguidance.
+//! Grammar-constrained decoding: at each step only the tokens that keep the output
+//! inside a grammar (JSON Schema, Lark or regex) may be sampled; llguidance masks.
 
 use super::tokenizer::Tokenizer;
 use crate::error::{Error, Result};

@@ -1,6 +1,5 @@
-//! What `prism serve` makes of the wire format ([`crate::llm::wire`]):
-//! requests checked and turned into engine settings, and errors as
-//! OpenAI clients expect them.
+//! What `prism serve` makes of the wire format ([`crate::llm::wire`]): requests
+//! checked and turned into engine settings, and errors as OpenAI clients expect.
 
 use crate::engine::chat::ChatMessage;
 use crate::engine::constraint::Grammar;

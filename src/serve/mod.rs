@@ -1,10 +1,4 @@
 //! `prism serve`: an OpenAI-compatible HTTP server on the prism engine.
-//!
-//! Requests queue for the engine threads (one unless `--parallel` says more;
-//! see [`worker`]), so a prompt that extends an earlier one reuses its cached
-//! prefix, as within one process.
-//! The HTTP side runs on a single-threaded tokio runtime of its own: it only
-//! parses, waits and writes, while the engine's threads do the work.
 
 pub mod api;
 mod worker;
@@ -63,6 +57,12 @@ impl Default for ServeOptions {
 }
 
 /// A running server; dropping it stops it.
+///
+/// Requests queue for the engine threads (one unless `--parallel` says more;
+/// see [`worker`]), so a prompt that extends an earlier one reuses its cached
+/// prefix, as within one process. The HTTP side runs on a single-threaded
+/// tokio runtime of its own: it only parses, waits and writes, while the
+/// engine's threads do the work.
 pub struct Server {
     address: SocketAddr,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,

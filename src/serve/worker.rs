@@ -1,8 +1,5 @@
-//! The threads that own the engines. Requests wait in one queue and start in
-//! the order they came, as many at a time as there are engines (`--parallel`),
-//! each on the free engine whose cache shares the most of its prompt, where
-//! it continues whichever cached sequence shares the most. The engines are
-//! siblings, so their decode steps batch.
+//! The threads that own the engines, and the one queue that hands each request
+//! to the free engine whose cache shares the most of its prompt.
 
 use super::api::{ApiError, PromptInput};
 use crate::engine::kv_cache::common_prefix;
@@ -44,6 +41,12 @@ pub struct Finished {
 /// Start `parallel` engine threads, `engine` and siblings of it (see
 /// [`Engine::sibling`]), and the thread that hands them the jobs of the
 /// returned queue; all end when every sender of the queue is gone.
+///
+/// Requests wait in one queue and start in the order they came, as many at a
+/// time as there are engines (`--parallel`), each on the free engine whose
+/// cache shares the most of its prompt, where it continues whichever cached
+/// sequence shares the most. The engines are siblings, so their decode steps
+/// batch.
 pub fn spawn(mut engine: Engine, parallel: usize) -> std::io::Result<mpsc::Sender<Job>> {
     let (queue, jobs) = mpsc::channel::<Job>();
     let format = engine.shared_format();

@@ -1,10 +1,5 @@
-//! Causal grouped-query attention over a KV cache.
-//!
-//! On the CPU the kernel of [`kernels::attention`] attends; other devices
-//! stack the query heads that share a key/value head into one matrix per
-//! key/value head and attend with two matmuls.
-//!
-//! [`kernels::attention`]: crate::engine::kernels::attention
+//! Causal grouped-query attention over a KV cache: on the CPU by the kernel of
+//! [`crate::engine::kernels::attention`], elsewhere by tensor ops.
 
 use crate::engine::kernels::attention::{attention_on_cpu, Kernel};
 use candle_core::{DType, Device, Result, Tensor};
@@ -157,7 +152,9 @@ pub fn prompt_attention(
     batch_attention_on_cpu(&rows, &caches, &[seq], scale, Kernel::best())
 }
 
-/// [`batch_attention`] as tensor ops, for devices other than the CPU.
+/// [`batch_attention`] as tensor ops, for devices other than the CPU: the
+/// query heads that share a key/value head are stacked into one matrix per
+/// key/value head, which attends with two matmuls.
 fn batch_attention_by_ops(
     queries: &Tensor,
     caches: &[(Tensor, Tensor)],

@@ -1,9 +1,5 @@
 //! Decoder-only transformer models: what each supported architecture is, and
 //! the configuration read from a GGUF file's metadata or a `config.json`.
-//!
-//! Llama and Qwen2 share one forward pass ([`transformer`]); the few ways they
-//! differ are properties of [`Architecture`], so there is no second copy of the
-//! model code with small variations.
 
 mod attention;
 mod rope;
@@ -20,6 +16,10 @@ use candle_core::quantized::gguf_file;
 use std::path::Path;
 
 /// The model families prism can run.
+///
+/// Llama and Qwen2 share one forward pass ([`transformer`]); the few ways they
+/// differ are properties of this type, so there is no second copy of the
+/// model code with small variations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Architecture {

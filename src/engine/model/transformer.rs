@@ -1,8 +1,5 @@
 //! The forward pass shared by Llama and Qwen2: embeddings, a stack of
 //! pre-norm attention + SwiGLU blocks, a final norm and the output head.
-//!
-//! The model holds no state between calls: the caller passes the [`KvCache`],
-//! whose length is the position of the first token given.
 
 use super::attention::{batch_attention, prompt_attention};
 use super::rope::Rope;
@@ -75,6 +72,9 @@ pub enum Rows {
 }
 
 /// A loaded Llama or Qwen2 model.
+///
+/// The model holds no state between calls: the caller passes the [`KvCache`],
+/// whose length is the position of the first token given.
 pub struct Transformer {
     config: Config,
     embed_tokens: Embedding,

@@ -1,16 +1,5 @@
 //! The model's matmul weights and embedding table, read from a [`WeightFile`]
 //! by their Hugging Face names, each in the in-memory format it runs in.
-//!
-//! The format decides speed on a CPU. candle's quantized kernels are fast for
-//! Q4_0, Q8_0 and the K-quants but fall back to a slow generic loop for Q4_1,
-//! Q5_0 and Q5_1, which is what small models (576- or 896-wide rows, too narrow
-//! for K-quants) are stored in. So at load time:
-//! - Q4_1, Q8_0, Q4_K and Q6_K weights are reordered for our own kernel
-//!   ([`InterleavedMatmul`]); the other slow types are re-quantized to Q8_0;
-//!   from a GGUF file both happen as the rows are read, a few groups at a
-//!   time, so that a whole weight is never held twice;
-//! - for prompt tokens (prefill) a dense f32 copy runs a GEMM when
-//!   [`PrefillWeights::Dense`] is chosen, for every weight candle multiplies.
 
 use super::weight_file::{Stored, WeightFile};
 use crate::engine::kernels::rowwise::rms_norm;
@@ -48,6 +37,17 @@ pub enum Pass {
 }
 
 /// The weight a decode step multiplies with.
+///
+/// The format decides speed on a CPU. candle's quantized kernels are fast for
+/// Q4_0, Q8_0 and the K-quants but fall back to a slow generic loop for Q4_1,
+/// Q5_0 and Q5_1, which is what small models (576- or 896-wide rows, too narrow
+/// for K-quants) are stored in. So at load time:
+/// - Q4_1, Q8_0, Q4_K and Q6_K weights are reordered for our own kernel
+///   ([`InterleavedMatmul`]); the other slow types are re-quantized to Q8_0;
+///   from a GGUF file both happen as the rows are read, a few groups at a
+///   time, so that a whole weight is never held twice;
+/// - for prompt tokens (prefill) a dense f32 copy runs a GEMM when
+///   [`PrefillWeights::Dense`] is chosen, for every weight candle multiplies.
 #[derive(Debug, Clone)]
 enum DecodeWeight {
     /// candle's matmul: dense weights, and the quantized types it is fast for.

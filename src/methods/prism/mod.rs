@@ -1,23 +1,5 @@
-//! PRISM (structured memory with revisions): read the document chunk by chunk;
-//! after each chunk the model proposes revisions to a schema-shaped memory, the
-//! program checks and applies them, and the final answer comes from the memory.
-//!
-//! The prompt puts what never changes first (instructions, query, schema),
-//! then the memory, then the chunk, so the engine reuses as much of its KV
-//! cache as the memory rendering allows. With amendments the memory is the
-//! first-written object followed by every accepted revision, so a new revision
-//! only appends text; in place, the object is rewritten where it changed.
-//! When the amendments grow so long that the next prompt would not fit the
-//! context, they are folded into one object and appending starts again.
-//!
-//! For a summary, each chunk is first summarized on its own and its people
-//! listed; the revision step notes that summary rather than the chunk, so
-//! the notes are in the model's own words, and the people are added after.
-//! Revisions are screened before they are applied (repeats, copies of the
-//! prompt or the chunk, the first person) and what is refused is counted.
-//! The final answer is condensed from the memory's notes, people first, to
-//! the run's target length ([`length::condense`]). The words of every
-//! prompt are in `prompt.rs`.
+//! PRISM (structured memory with revisions): after each chunk the model proposes
+//! revisions to a schema-shaped memory, the program checks and applies them.
 
 mod answer;
 mod notes;
@@ -51,6 +33,13 @@ use std::cell::{Cell, RefCell};
 use std::time::Instant;
 
 /// How the memory is shown to the model.
+///
+/// With amendments the memory is the first-written object followed by every
+/// accepted revision, so a new revision only appends text and the memory
+/// already encoded stays a cached prefix; in place, the object is rewritten
+/// where it changed. When the amendments grow so long that the next prompt
+/// would not fit the context, they are folded into one object and appending
+/// starts again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum MemoryMode {
@@ -274,7 +263,21 @@ impl PrismState {
     }
 }
 
-/// The PRISM loop over one document.
+/// The PRISM loop over one document: read it chunk by chunk, revise the
+/// memory after each, and answer from the memory at the end.
+///
+/// The prompt puts what never changes first (instructions, query, schema),
+/// then the memory, then the chunk, so the engine reuses as much of its KV
+/// cache as the memory rendering allows ([`MemoryMode`]).
+///
+/// For a summary, each chunk is first summarized on its own and its people
+/// listed; the revision step notes that summary rather than the chunk, so
+/// the notes are in the model's own words, and the people are added after.
+/// Revisions are screened before they are applied (repeats, copies of the
+/// prompt or the chunk, the first person) and what is refused is counted.
+/// The final answer is condensed from the memory's notes, people first, to
+/// the run's target length ([`length::condense`]). The words of every
+/// prompt are in `prompt.rs`.
 pub struct Prism<'a> {
     config: &'a PrismConfig,
     schema: &'a Schema,

@@ -1,26 +1,5 @@
 //! The words of PRISM's prompts: the task, the revision format, the rules a
 //! good memory follows, and worked examples from unrelated documents.
-//!
-//! All of it comes before the memory and the chunk and never changes during a
-//! run, so after the first call it is a cached prefix: the examples cost their
-//! tokens once. The examples are about a town council and a software release,
-//! so that nothing in them could pass for the document. A schema made for
-//! another task can carry its own example, which replaces the council's (see
-//! [`WorkedExample`]).
-//!
-//! A summary reads each chunk in two calls: the first summarizes the chunk
-//! alone ([`summary_request`]), the second notes that summary in the memory.
-//! Shown the chunk itself, Qwen2.5-Coder-1.5B noted it sentence by sentence
-//! in the text's own words; asked in one prompt for a gist and then notes,
-//! it described the text ("the log mentions the fog") instead of telling
-//! it. Asked first and plainly, it tells what happens and names who does it.
-//!
-//! The model writes one note per line rather than lists of notes: under
-//! greedy decoding Qwen2.5-Coder-1.5B, asked for a list of strings, writes
-//! the document's first line over and over, while one string per line it
-//! notes the text in order. The rules and examples are kept short for the
-//! same reason: with three long examples of differently shaped schemas the
-//! same model wrote facts about the world instead of the text.
 
 use super::{MemoryMode, PrismConfig};
 use crate::memory::render::to_line;
@@ -46,6 +25,20 @@ pub(super) fn revision_request(chunk_text: &str) -> String {
 
 /// The fixed opening of every prompt: how the task works, the rules, the
 /// examples, then this run's query, schema and memory layout.
+///
+/// All of it comes before the memory and the chunk and never changes during a
+/// run, so after the first call it is a cached prefix: the examples cost their
+/// tokens once. The examples are about a town council and a software release,
+/// so that nothing in them could pass for the document. A schema made for
+/// another task can carry its own example, which replaces the council's (see
+/// [`WorkedExample`]).
+///
+/// The model writes one note per line rather than lists of notes: under
+/// greedy decoding Qwen2.5-Coder-1.5B, asked for a list of strings, writes
+/// the document's first line over and over, while one string per line it
+/// notes the text in order. The rules and examples are kept short for the
+/// same reason: with three long examples of differently shaped schemas the
+/// same model wrote facts about the world instead of the text.
 pub(super) fn preamble(config: &PrismConfig, schema: &Schema) -> String {
     let update = if config.updates {
         "{\"op\": \"update\", \"path\": \"$.people.'Name'\", \"value\": [...]} replaces what a path holds with the whole new value you write.\n"
@@ -93,7 +86,16 @@ pub(super) fn preamble(config: &PrismConfig, schema: &Schema) -> String {
 pub(super) const SUMMARY_SYSTEM: &str = "You write clear, faithful summaries in your own words.";
 
 /// The request that opens the call summarizing one piece of a chunk, before
-/// the piece, for a summary of `fewest` to `fewest + 2` sentences. The
+/// the piece, for a summary of `fewest` to `fewest + 2` sentences.
+///
+/// A summary reads each chunk in two calls: the first summarizes the chunk
+/// alone (this request), the second notes that summary in the memory.
+/// Shown the chunk itself, Qwen2.5-Coder-1.5B noted it sentence by sentence
+/// in the text's own words; asked in one prompt for a gist and then notes,
+/// it described the text ("the log mentions the fog") instead of telling
+/// it. Asked first and plainly, it tells what happens and names who does it.
+///
+/// The
 /// instruction comes first: after the text, the same model described the
 /// text and named no one. Its words were tried on the sample: asked also
 /// for "the third person", for "what it says" or for who wrote it, the
