@@ -1,11 +1,5 @@
 //! The CPU attention kernel: each query row's one pass over the cache rows it
 //! sees, portable or in AVX2 and AVX-512 registers.
-//!
-//! One kernel serves prompts and decode steps alike: the query heads that
-//! share a key/value head read each cache row together, straight from an
-//! f32, f16, bf16 or 8-bit cache. A prompt's rows go a few at a time, so
-//! that each chunk of cache rows is read and widened once for all of them.
-//! A prompt's masked scores are never computed and no score matrix is kept.
 
 use crate::engine::kv_cache::{KvDtype, Q8_SCALE_BYTES};
 use candle_core::{CpuStorage, Layout, Result, Storage, Tensor};
@@ -90,6 +84,12 @@ impl Kernel {
 /// `visible` positions of `caches[cache]`, where `(cache, visible) =
 /// view(r)`, with `kernel` (one that [`Kernel::best`] allows) or a narrower
 /// one where `d` asks for it. Returns `(1, rows, heads * d)`.
+///
+/// One kernel serves prompts and decode steps alike: the query heads that
+/// share a key/value head read each cache row together, straight from an
+/// f32, f16, bf16 or 8-bit cache. A prompt's rows go a few at a time, so
+/// that each chunk of cache rows is read and widened once for all of them.
+/// A prompt's masked scores are never computed and no score matrix is kept.
 pub(crate) fn attention_on_cpu(
     queries: &Tensor,
     caches: &[(Tensor, Tensor)],

@@ -1,25 +1,5 @@
 //! Matmuls with Q4_1, Q8_0, Q4_K and Q6_K weights on the CPU, from the
 //! file's bytes reordered once at load.
-//!
-//! Small models are stored in Q4_1 (SmolLM2's 576-wide rows are too narrow
-//! for K-quants), for which candle has only a slow generic CPU loop, and their
-//! embedding tables in Q8_0, whose 576-wide rows candle's fast kernel does not
-//! take. For the K-quants of larger models candle's kernels keep a second,
-//! repacked copy of every weight and trailed llama.cpp's decode by 30-40%.
-//! As llama.cpp does, each input row is quantized to 8 bits in blocks of 32
-//! and multiplied with the weights in integer arithmetic. The input blocks
-//! that meet one K-quant block (256 values) share a scale, as llama.cpp's
-//! Q8_K inputs do, so that the block's sub-block sums add up in integers.
-//!
-//! The blocks of every eight weight rows are interleaved, four bytes of each
-//! row in turn, so that one 8-lane register holds four values of each of
-//! eight rows. A block's dot products with one input row then accumulate
-//! exactly, lane by lane, and are scaled to floats once for eight rows, where
-//! a row-by-row layout needs a float conversion, a scaling and a horizontal
-//! sum per row. The same kernel serves prompts and decode steps, and one
-//! input row's results do not depend on the rows multiplied beside it. The
-//! reordered copy replaces the file's bytes: the same size for Q4_1, Q8_0 and
-//! Q6_K, 3% larger for Q4_K (unpacked scales).
 
 use super::packing::{Format, Interleaver, BLOCK, GROUP};
 use super::quant::{reused, Input, InputBlock, PairBlock, Prepared, TwoRows, PREPARED};
@@ -85,6 +65,26 @@ enum Tiling {
 
 /// A Q4_1, Q8_0, Q4_K or Q6_K weight `(rows, width)` on the CPU, its rows
 /// interleaved in groups.
+///
+/// Small models are stored in Q4_1 (SmolLM2's 576-wide rows are too narrow
+/// for K-quants), for which candle has only a slow generic CPU loop, and their
+/// embedding tables in Q8_0, whose 576-wide rows candle's fast kernel does not
+/// take. For the K-quants of larger models candle's kernels keep a second,
+/// repacked copy of every weight and trailed llama.cpp's decode by 30-40%.
+/// As llama.cpp does, each input row is quantized to 8 bits in blocks of 32
+/// and multiplied with the weights in integer arithmetic. The input blocks
+/// that meet one K-quant block (256 values) share a scale, as llama.cpp's
+/// Q8_K inputs do, so that the block's sub-block sums add up in integers.
+///
+/// The blocks of every eight weight rows are interleaved, four bytes of each
+/// row in turn, so that one 8-lane register holds four values of each of
+/// eight rows. A block's dot products with one input row then accumulate
+/// exactly, lane by lane, and are scaled to floats once for eight rows, where
+/// a row-by-row layout needs a float conversion, a scaling and a horizontal
+/// sum per row. The same kernel serves prompts and decode steps, and one
+/// input row's results do not depend on the rows multiplied beside it. The
+/// reordered copy replaces the file's bytes: the same size for Q4_1, Q8_0 and
+/// Q6_K, 3% larger for Q4_K (unpacked scales).
 #[derive(Debug, Clone)]
 pub(crate) struct InterleavedMatmul {
     /// Group after group of [`GROUP`] rows, each group block after block.

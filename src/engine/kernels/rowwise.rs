@@ -1,6 +1,5 @@
-//! The row-by-row passes of a block on the CPU, RMS norm and SwiGLU, to
-//! candle's bits or within a few units in the last place of them; other
-//! devices and types take candle's ops.
+//! RMS norm and SwiGLU row by row on the CPU, to candle's bits or within a few
+//! units in the last place of them; other devices and types take candle's ops.
 
 use super::cpu_values;
 use crate::engine::pool::written;

@@ -1,24 +1,5 @@
-//! The AVX2 attention kernel, with the loops of [`avx512`] for scores and
-//! weighted sums on a CPU that has AVX-512.
-//!
-//! For a tile of several prompt rows, a 16-bit cache is widened to f32 a
-//! chunk of positions at a time, once for all the rows and heads that read
-//! it, into a scratch buffer that stays in the L1 cache. A decode step's
-//! single row reads the 16-bit rows directly, widening each load: the round
-//! trip through the buffer cost it more than the conversions it saved.
-//! Widening is exact either way, so the cache dtype alone decides the result.
-//!
-//! Two query heads go through a chunk together, so that each load of a
-//! cache row serves both: four positions' scores at a time, each in its own
-//! register and summed across lanes at the end, and four blocks of each
-//! head's output kept in registers through every position of a chunk. The
-//! chunks continue the same sums. Every score and output therefore rounds
-//! the same however positions, heads and rows are grouped, and a prompt row
-//! gets the bits a decode step would. On a CPU with AVX-512 the scores and
-//! weighted sums come from [`avx512`]'s loops instead, which read each
-//! cache row once for up to four heads' scores or six heads' outputs.
-//!
-//! [`avx512`]: super::avx512
+//! The AVX2 attention kernel, with the loops of [`super::avx512`] for scores
+//! and weighted sums on a CPU that has AVX-512.
 
 use super::{prefetch_row_ahead, HeadRows, RowData, RowScale, Scratch, Tile, PREFETCH_ROWS};
 use crate::engine::kernels::exp::exp;
@@ -155,6 +136,23 @@ fn widened<'a, L: Lane>(
 /// [`Tile::attend`] with AVX2, and with the scores and weighted sums of
 /// [`super::avx512`] when `wide`. Each row's scores and sums take the
 /// same steps in the same order as they would in a tile of that row alone.
+///
+/// For a tile of several prompt rows, a 16-bit cache is widened to f32 a
+/// chunk of positions at a time, once for all the rows and heads that read
+/// it, into a scratch buffer that stays in the L1 cache. A decode step's
+/// single row reads the 16-bit rows directly, widening each load: the round
+/// trip through the buffer cost it more than the conversions it saved.
+/// Widening is exact either way, so the cache dtype alone decides the result.
+///
+/// Two query heads go through a chunk together, so that each load of a
+/// cache row serves both: four positions' scores at a time, each in its own
+/// register and summed across lanes at the end, and four blocks of each
+/// head's output kept in registers through every position of a chunk. The
+/// chunks continue the same sums. Every score and output therefore rounds
+/// the same however positions, heads and rows are grouped, and a prompt row
+/// gets the bits a decode step would. On a CPU with AVX-512 the scores and
+/// weighted sums come from [`super::avx512`]'s loops instead, which read each
+/// cache row once for up to four heads' scores or six heads' outputs.
 ///
 /// # Safety
 /// When `wide`, the CPU has AVX-512F and `d` is a multiple of sixteen.

@@ -1,15 +1,5 @@
 //! The score and weighting loops of the vector kernel in 16-lane AVX-512
 //! registers, for heads whose width is a whole number of sixteens.
-//!
-//! Its 32 registers hold the scores of up to four query heads at four
-//! positions, or up to six heads' whole output blocks, so that each cache
-//! row is loaded and widened once for all the heads that share it, where
-//! the AVX2 loops of two heads at a time load it again for every pair.
-//! Every score sums its products lane by lane over the head's blocks, in
-//! order, and then across lanes in one fixed tree ([`sum_each`]); every
-//! output adds its rows in order. How heads and positions share a pass
-//! therefore never changes a result, and a prompt row still gets the bits
-//! a decode step would.
 
 use super::{prefetch_row_ahead, RowData, RowScale};
 use half::{bf16, f16};
@@ -124,6 +114,16 @@ fn sum_each(sums: &[__m512; 16]) -> __m512 {
 /// The scores of a row's query heads `queries` (runs of `d`) against the
 /// `count` key rows of a chunk (`keys[j * stride..]`): head `h`'s score of
 /// row `j` goes to `scores[h * positions + j]`, scaled by `scale`.
+///
+/// The 32 registers hold the scores of up to four query heads at four
+/// positions, or (in [`add_weighted`]) up to six heads' whole output blocks,
+/// so that each cache row is loaded and widened once for all the heads that
+/// share it, where the AVX2 loops of two heads at a time load it again for
+/// every pair. Every score sums its products lane by lane over the head's
+/// blocks, in order, and then across lanes in one fixed tree
+/// ([`sum_each`]); every output adds its rows in order. How heads and
+/// positions share a pass therefore never changes a result, and a prompt
+/// row still gets the bits a decode step would.
 ///
 /// # Safety
 /// The CPU has AVX-512F, and `d` is a multiple of [`LANES`].

@@ -1,15 +1,5 @@
 //! Kernels that multiply a group block with two input rows in one
 //! 512-bit register.
-//!
-//! Each 32-bit lane pair holds one weight row's four values, once for
-//! each input row, and the inputs' [`PairBlock`] fields are 8-byte
-//! broadcasts. One byte multiply-add then does the work of two 256-bit
-//! ones, and the float work after each block is shared by two rows:
-//! with sixteen rows the 256-bit kernel reached 57 GMAC/s on one core
-//! of this machine's Xeon, a third of what its byte multiply-adds
-//! allow, and this one 131 (weights in cache). Every lane does
-//! the 256-bit kernel's float operations in the same order on the same
-//! exact integer sums, so a row's results are the same bits.
 
 use super::super::matmul::PAIR_TILE;
 use super::super::packing::{Format, GROUP};
@@ -119,6 +109,16 @@ macro_rules! by_pairs {
 by_pairs!(q4_1, q4_1_tile);
 
 /// The 256-bit kernel's Q4_1 sums, two input rows a register.
+///
+/// In the kernels of this file each 32-bit lane pair holds one weight row's
+/// four values, once for each input row, and the inputs' [`PairBlock`]
+/// fields are 8-byte broadcasts. One byte multiply-add then does the work
+/// of two 256-bit ones, and the float work after each block is shared by
+/// two rows: with sixteen rows the 256-bit kernel reached 57 GMAC/s on one
+/// core of the Xeon measured, a third of what its byte multiply-adds
+/// allow, and this one 131 (weights in cache). Every lane does the 256-bit
+/// kernel's float operations in the same order on the same exact integer
+/// sums, so a row's results are the same bits.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c,fma")]
 unsafe fn q4_1_tile<const P: usize>(

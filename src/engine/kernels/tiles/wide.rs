@@ -1,19 +1,5 @@
 //! Tiles of two neighbouring groups at once, one input row at a time, in
 //! AVX-512 registers.
-//!
-//! Kernels that multiply two neighbouring groups at once, sixteen
-//! weight rows a 512-bit register: the first group's eight in the low
-//! half, the second's in the high half, put together as they are
-//! loaded. Each input row's four quants then reach the multiply-add as
-//! one broadcast, and no weight is unpacked twice for two rows as in
-//! [`pairs`]: a Q4_1 group block took 8.1 ns for one row where
-//! the 256-bit kernel took 10.0, 9.1 for two rows and 12.3 for four
-//! where [`pairs`] took 11.6 and 15.5 (one thread, weights
-//! streamed from 75 MB, medians of six alternated passes). The integer
-//! sums are exact and each lane's floats add in the same order, so the
-//! bits are the other kernels'.
-//!
-//! [`pairs`]: super::pairs
 
 use super::super::matmul::TILE;
 use super::super::packing::Format;
@@ -108,6 +94,18 @@ fn store<const N: usize>(sums: [__m512; N], out: &mut [f32]) {
 by_rows!(q4_1, q4_1_tile, "avx512f,avx512bw,avx512vnni,avx2,f16c,fma");
 
 /// `out[16n + c]`: column `c` of the two groups times input row `n`.
+///
+/// The kernels of this file multiply two neighbouring groups at once,
+/// sixteen weight rows a 512-bit register: the first group's eight in the
+/// low half, the second's in the high half, put together as they are
+/// loaded. Each input row's four quants then reach the multiply-add as
+/// one broadcast, and no weight is unpacked twice for two rows as in
+/// [`super::pairs`]: a Q4_1 group block took 8.1 ns for one row where
+/// the 256-bit kernel took 10.0, 9.1 for two rows and 12.3 for four
+/// where [`super::pairs`] took 11.6 and 15.5 (one thread, weights
+/// streamed from 75 MB, medians of six alternated passes). The integer
+/// sums are exact and each lane's floats add in the same order, so the
+/// bits are the other kernels'.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c,fma")]
 unsafe fn q4_1_tile<const N: usize>(
