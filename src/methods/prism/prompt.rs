@@ -95,12 +95,11 @@ pub(super) const SUMMARY_SYSTEM: &str = "You write clear, faithful summaries in 
 /// it described the text ("the log mentions the fog") instead of telling
 /// it. Asked first and plainly, it tells what happens and names who does it.
 ///
-/// The
-/// instruction comes first: after the text, the same model described the
-/// text and named no one. Its words were tried on the sample: asked also
-/// for "the third person", for "what it says" or for who wrote it, the
-/// model copied the text out; shown the summary of the piece before, it
-/// summarized that again.
+/// The instruction comes first: after the text, the same model described the
+/// text and named no one. Its words were tried on the sample: asked also for
+/// "the third person", for "what it says" or for who wrote it, the model
+/// copied the text out; shown the summary of the piece before, it summarized
+/// that again.
 pub(super) fn summary_request(fewest: usize) -> String {
     format!(
         "Summarize the following part of a document in {fewest} to {} sentences. \
