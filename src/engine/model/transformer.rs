@@ -60,6 +60,71 @@ struct Block {
     mlp: Mlp,
 }
 
+impl Block {
+    /// Read layer `layer`'s weights: q/k/v, o, gate/up, down, then the two norms.
+    fn read(
+        weights: &mut WeightFile,
+        c: &Config,
+        layer: usize,
+        prefill: PrefillWeights,
+        device: &Device,
+    ) -> Result<Self> {
+        let (hidden, q_dim, kv_dim) =
+            (c.hidden_size, c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        let p = format!("model.layers.{layer}");
+        let qkv = [
+            ("self_attn.q_proj", q_dim),
+            ("self_attn.k_proj", kv_dim),
+            ("self_attn.v_proj", kv_dim),
+        ];
+        let self_attn = Attention {
+            qkv: read_projections(
+                weights,
+                &p,
+                (&qkv, hidden),
+                c.attention_bias,
+                prefill,
+                device,
+            )?,
+            o_proj: weights.linear(
+                &format!("{p}.self_attn.o_proj"),
+                (hidden, q_dim),
+                false,
+                prefill,
+                device,
+            )?,
+        };
+        let gate_up = [
+            ("mlp.gate_proj", c.intermediate_size),
+            ("mlp.up_proj", c.intermediate_size),
+        ];
+        let mlp = Mlp {
+            gate_up: read_projections(weights, &p, (&gate_up, hidden), false, prefill, device)?,
+            down_proj: weights.linear(
+                &format!("{p}.mlp.down_proj"),
+                (hidden, c.intermediate_size),
+                false,
+                prefill,
+                device,
+            )?,
+        };
+        Ok(Block {
+            input_layernorm: weights.dense(
+                &format!("{p}.input_layernorm.weight"),
+                &[hidden],
+                device,
+            )?,
+            self_attn,
+            post_attention_layernorm: weights.dense(
+                &format!("{p}.post_attention_layernorm.weight"),
+                &[hidden],
+                device,
+            )?,
+            mlp,
+        })
+    }
+}
+
 /// The rows of a run whose next-token logits [`Transformer::forward_together`]
 /// returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,63 +162,12 @@ impl Transformer {
         device: &Device,
     ) -> Result<Self> {
         let c = &config;
-        let (hidden, q_dim, kv_dim) =
-            (c.hidden_size, c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        let hidden = c.hidden_size;
         let embed_tokens =
             weights.embedding("model.embed_tokens.weight", (c.vocab_size, hidden), device)?;
         let mut blocks = Vec::with_capacity(c.layers);
         for layer in 0..c.layers {
-            let p = format!("model.layers.{layer}");
-            let qkv = [
-                ("self_attn.q_proj", q_dim),
-                ("self_attn.k_proj", kv_dim),
-                ("self_attn.v_proj", kv_dim),
-            ];
-            let self_attn = Attention {
-                qkv: read_projections(
-                    weights,
-                    &p,
-                    (&qkv, hidden),
-                    c.attention_bias,
-                    prefill,
-                    device,
-                )?,
-                o_proj: weights.linear(
-                    &format!("{p}.self_attn.o_proj"),
-                    (hidden, q_dim),
-                    false,
-                    prefill,
-                    device,
-                )?,
-            };
-            let gate_up = [
-                ("mlp.gate_proj", c.intermediate_size),
-                ("mlp.up_proj", c.intermediate_size),
-            ];
-            let mlp = Mlp {
-                gate_up: read_projections(weights, &p, (&gate_up, hidden), false, prefill, device)?,
-                down_proj: weights.linear(
-                    &format!("{p}.mlp.down_proj"),
-                    (hidden, c.intermediate_size),
-                    false,
-                    prefill,
-                    device,
-                )?,
-            };
-            blocks.push(Block {
-                input_layernorm: weights.dense(
-                    &format!("{p}.input_layernorm.weight"),
-                    &[hidden],
-                    device,
-                )?,
-                self_attn,
-                post_attention_layernorm: weights.dense(
-                    &format!("{p}.post_attention_layernorm.weight"),
-                    &[hidden],
-                    device,
-                )?,
-                mlp,
-            });
+            blocks.push(Block::read(weights, c, layer, prefill, device)?);
         }
         let norm = weights.dense("model.norm.weight", &[hidden], device)?;
         // Models with tied embeddings store no output head: it is the
