@@ -149,37 +149,8 @@ fn header(out: &mut String, rows: &[Row]) {
 /// Table 3 of the paper for one chunk size, with our wall time, calls and
 /// summary length added.
 fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
-    // PRISM's counts of revisions it refused or cut, when some run has them.
-    type Count = fn(&PrismFigures) -> usize;
-    let revisions: Vec<(Count, &str)> = if rows.iter().any(|row| prism_figures(row).is_some()) {
-        vec![
-            (|prism| prism.revisions_duplicate, "Duplicate revisions"),
-            (|prism| prism.revisions_echo, "Echo revisions"),
-            (|prism| prism.revisions_copy, "Copy revisions"),
-            (|prism| prism.revisions_ungrounded, "Ungrounded revisions"),
-            (
-                |prism| prism.revisions_first_person,
-                "First-person revisions",
-            ),
-            (|prism| prism.revision_lines_skipped, "Lines skipped"),
-            (|prism| prism.revisions_capped, "Capped revisions"),
-            (
-                |prism| prism.revision_steps_stopped,
-                "Steps stopped at a repeat",
-            ),
-        ]
-    } else {
-        Vec::new()
-    };
-    // Quality columns only when `bench --quality` scored some run.
-    type Score = fn(&Scores) -> Option<f64>;
-    let quality: Vec<(Score, &str)> = [
-        ((|scores: &Scores| scores.coherence) as Score, "Coherence"),
-        (|scores: &Scores| scores.qa_f1, "QA-F1"),
-    ]
-    .into_iter()
-    .filter(|(score, _)| rows.iter().any(|row| score(&row.scores).is_some()))
-    .collect();
+    let revisions = revision_columns(rows);
+    let quality = quality_columns(rows);
     // Wall times of runs on different thread counts do not compare; say which is which.
     let mut thread_counts: Vec<usize> = rows.iter().map(|row| row.machine.engine_threads).collect();
     thread_counts.sort_unstable();
@@ -236,6 +207,47 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
         shown.push(row);
     }
     let _ = writeln!(out, "\n{}", sampling_line(&shown));
+}
+
+/// A PRISM count shown as a column of Table 3.
+type Count = fn(&PrismFigures) -> usize;
+
+/// A quality score shown as a column of Table 3.
+type Score = fn(&Scores) -> Option<f64>;
+
+/// PRISM's counts of revisions it refused or cut, when some run has them.
+fn revision_columns(rows: &[Row]) -> Vec<(Count, &'static str)> {
+    if rows.iter().any(|row| prism_figures(row).is_some()) {
+        vec![
+            (|prism| prism.revisions_duplicate, "Duplicate revisions"),
+            (|prism| prism.revisions_echo, "Echo revisions"),
+            (|prism| prism.revisions_copy, "Copy revisions"),
+            (|prism| prism.revisions_ungrounded, "Ungrounded revisions"),
+            (
+                |prism| prism.revisions_first_person,
+                "First-person revisions",
+            ),
+            (|prism| prism.revision_lines_skipped, "Lines skipped"),
+            (|prism| prism.revisions_capped, "Capped revisions"),
+            (
+                |prism| prism.revision_steps_stopped,
+                "Steps stopped at a repeat",
+            ),
+        ]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Quality columns only when `bench --quality` scored some run.
+fn quality_columns(rows: &[Row]) -> Vec<(Score, &'static str)> {
+    [
+        ((|scores: &Scores| scores.coherence) as Score, "Coherence"),
+        (|scores: &Scores| scores.qa_f1, "QA-F1"),
+    ]
+    .into_iter()
+    .filter(|(score, _)| rows.iter().any(|row| score(&row.scores).is_some()))
+    .collect()
 }
 
 /// The head of a Table 3: the columns every run has, a threads column when
