@@ -6,8 +6,8 @@ pub use super::dialect::{RemoteApi, RemoteConstraint};
 use super::grammar_check::GrammarCheck;
 use super::probe::{ModelMatch, ServerFacts};
 use super::wire::{
-    ApiUsage, ChatRequest, CompletionRequest, Content, ErrorBody, PromptField, Reply,
-    RequestMessage, StreamOptions,
+    ApiUsage, ChatRequest, CompletionRequest, Content, ErrorBody, GenerationFields, PromptField,
+    Reply, RequestMessage, StreamOptions,
 };
 use super::{Completion, Llm, Prompt};
 use crate::engine::chat::ChatMessage;
@@ -292,36 +292,7 @@ impl RemoteModel {
                 continuous_usage_stats: true,
             });
         }
-        let (path, body) = match api {
-            // Discovery has resolved `auto`; were it left, ids are its default.
-            RemoteApi::Auto | RemoteApi::Ids => (
-                "completions",
-                Body::Completion(CompletionRequest {
-                    prompt: PromptField::Ids(ids.clone()),
-                    fields,
-                }),
-            ),
-            RemoteApi::Text => (
-                "completions",
-                Body::Completion(CompletionRequest {
-                    prompt: PromptField::Text(self.format.render_chat(&messages)?),
-                    fields,
-                }),
-            ),
-            RemoteApi::Chat => (
-                "chat/completions",
-                Body::Chat(ChatRequest {
-                    messages: messages
-                        .into_iter()
-                        .map(|message| RequestMessage {
-                            role: message.role,
-                            content: Content::Text(message.content),
-                        })
-                        .collect(),
-                    fields,
-                }),
-            ),
-        };
+        let (path, body) = self.request(api, &ids, messages, fields)?;
         let start = Instant::now();
         let (text, reported) = match refuse_line {
             None => {
@@ -349,6 +320,47 @@ impl RemoteModel {
         }
         let usage = self.usage(reported, &ids, &text, seconds)?;
         Ok(Completion { text, usage })
+    }
+
+    /// The path and body of a request for `api`: the prompt as token `ids`,
+    /// as `messages` rendered through the chat template, or as the messages.
+    fn request(
+        &self,
+        api: RemoteApi,
+        ids: &[u32],
+        messages: Vec<ChatMessage>,
+        fields: GenerationFields,
+    ) -> Result<(&'static str, Body)> {
+        Ok(match api {
+            // Discovery has resolved `auto`; were it left, ids are its default.
+            RemoteApi::Auto | RemoteApi::Ids => (
+                "completions",
+                Body::Completion(CompletionRequest {
+                    prompt: PromptField::Ids(ids.to_vec()),
+                    fields,
+                }),
+            ),
+            RemoteApi::Text => (
+                "completions",
+                Body::Completion(CompletionRequest {
+                    prompt: PromptField::Text(self.format.render_chat(&messages)?),
+                    fields,
+                }),
+            ),
+            RemoteApi::Chat => (
+                "chat/completions",
+                Body::Chat(ChatRequest {
+                    messages: messages
+                        .into_iter()
+                        .map(|message| RequestMessage {
+                            role: message.role,
+                            content: Content::Text(message.content),
+                        })
+                        .collect(),
+                    fields,
+                }),
+            ),
+        })
     }
 
     /// Refuse a reply that `grammar`, sent as `constraint`, does not admit:
