@@ -261,6 +261,20 @@ impl PrismState {
             consolidations: 0,
         }
     }
+
+    /// Count each refused revision under its kind.
+    fn count_refused(&mut self, refused: &[Refused]) {
+        for refusal in refused {
+            match refusal.kind {
+                RefusalKind::Invalid => self.revisions_rejected += 1,
+                RefusalKind::Duplicate => self.revisions_duplicate += 1,
+                RefusalKind::Echo => self.revisions_echo += 1,
+                RefusalKind::Copy => self.revisions_copy += 1,
+                RefusalKind::Ungrounded => self.revisions_ungrounded += 1,
+                RefusalKind::FirstPerson => self.revisions_first_person += 1,
+            }
+        }
+    }
 }
 
 /// The PRISM loop over one document: read it chunk by chunk, revise the
@@ -394,6 +408,10 @@ impl<'a> Prism<'a> {
         chunk: &Chunk,
         chunks: usize,
     ) -> Result<Step> {
+        // One function on purpose: it reads as one step's calls in the order
+        // they run (summarize, fit the prompt, generate under the line check,
+        // fold the notes, then the people), and the line check's cells are
+        // shared with the tallies taken after generation.
         let start = Instant::now();
         let summary = match self.config.reading {
             Reading::Summary => Some(summarize(llm, chunk)?),
@@ -465,16 +483,7 @@ impl<'a> Prism<'a> {
                 .flatten()
                 .any(binds_a_limit);
         state.revisions_applied += applied.len();
-        for refusal in &rejected {
-            match refusal.kind {
-                RefusalKind::Invalid => state.revisions_rejected += 1,
-                RefusalKind::Duplicate => state.revisions_duplicate += 1,
-                RefusalKind::Echo => state.revisions_echo += 1,
-                RefusalKind::Copy => state.revisions_copy += 1,
-                RefusalKind::Ungrounded => state.revisions_ungrounded += 1,
-                RefusalKind::FirstPerson => state.revisions_first_person += 1,
-            }
-        }
+        state.count_refused(&rejected);
         state.revisions_capped += usize::from(capped);
         Ok(Step {
             chunk: chunk.index,
