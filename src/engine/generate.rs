@@ -50,6 +50,11 @@ impl Engine {
         refuse_line: Option<&LineCheck>,
         on_tokens: &mut dyn FnMut(&[u32], &Usage) -> bool,
     ) -> Result<Generation> {
+        // One function on purpose: every branch of the loop below moves the
+        // same state together (logits, the cache, the drafts, the chooser's
+        // history, the tokens kept), and the order of those moves is what
+        // keeps the cache equal to a token-at-a-time decode. Helpers would
+        // pass all of it around and hide that order.
         options.sampling.validate()?;
         let constraint = match &options.grammar {
             Some(grammar) => Some(self.grammars()?.constraint(grammar)?),

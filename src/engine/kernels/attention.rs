@@ -97,6 +97,9 @@ pub(crate) fn attention_on_cpu(
     scale: f64,
     kernel: Kernel,
 ) -> Result<Tensor> {
+    // One function on purpose: the storage guards, the slices borrowed from
+    // them and the per-run locks must all outlive the one pass of the pool
+    // below, and the checks before it guard the unsafe reads inside it.
     let (count, heads, _, d) = queries.dims4()?;
     let queries = queries.contiguous()?;
     let query_guard = queries.storage_and_layout();

@@ -329,6 +329,10 @@ impl InterleavedMatmul {
         widths: &[usize],
         added: Option<&[f32]>,
     ) -> Result<Vec<Tensor>> {
+        // One function on purpose: the pool pass, its preparation jobs and the
+        // unsafe writes of each run's columns share invariants (every job
+        // prepared before any tile reads, each group written by one run) that
+        // are easiest to check when they sit together.
         let (seq, blocks) = (prepared.rows, prepared.blocks);
         let groups = self.rows / GROUP;
         let group_bytes = self.width / self.format.values() * self.format.group_block_bytes();
