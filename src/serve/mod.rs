@@ -59,7 +59,7 @@ impl Default for ServeOptions {
 /// A running server; dropping it stops it.
 ///
 /// Requests queue for the engine threads (one unless `--parallel` says more;
-/// see [`worker`]), so a prompt that extends an earlier one reuses its cached
+/// see `worker.rs`), so a prompt that extends an earlier one reuses its cached
 /// prefix, as within one process. The HTTP side runs on a single-threaded
 /// tokio runtime of its own: it only parses, waits and writes, while the
 /// engine's threads do the work.

@@ -17,7 +17,7 @@ use std::path::Path;
 
 /// The model families prism can run.
 ///
-/// Llama and Qwen2 share one forward pass ([`transformer`]); the few ways they
+/// Llama and Qwen2 share one forward pass (`transformer.rs`); the few ways they
 /// differ are properties of this type, so there is no second copy of the
 /// model code with small variations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
