@@ -47,7 +47,7 @@ const REPLIES: [&str; 5] = [
     "```json\n{\"op\": \"add\", \"path\": \"$.Crew\", \"value\": [\"The crew is uneasy.\"]}\nnot json at all {\n```",
     r#"{"op": "update", "path": "$.Voyage", "value": ["The ship sails north into ice."]}"#,
     r#"{"op": "add", "path": "$.Voyage", "value": 42}"#,
-    "The ship sails north into ice while the crew grows uneasy.",
+    "The uneasy crew sails north into ice.",
 ];
 
 fn run_all(
