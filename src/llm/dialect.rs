@@ -27,8 +27,8 @@ pub enum RemoteApi {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RemoteConstraint {
-    /// As the server reads it: [`RemoteConstraint::Gbnf`] for llama.cpp's
-    /// server and llama-cpp-python's, [`RemoteConstraint::Lark`] elsewhere.
+    /// As the server reads it (see `ServerFacts::constraint`): GBNF in the
+    /// field of the llama.cpp family, SGLang or a recent vLLM, else Lark.
     #[default]
     Auto,
     /// Lark as vLLM's `guided_grammar`, which prism serve reads too.
