@@ -10,7 +10,7 @@ use prism::engine::source::ModelSource;
 use prism::engine::{Engine, EngineConfig, GenerateOptions};
 use prism::memory::grammar::memory_json_schema;
 use prism::memory::Schema;
-use prism::methods::cok::chain::{chain_grammar, memory_keys, parse_chain};
+use prism::methods::cok::chain::{chain_constraint, memory_keys, parse_chain};
 use prism::methods::cok::{Call, Cok, CokConfig, CokFigures, Step, Variant};
 use prism::run::dir::RunDir;
 use prism::run::{drive, NoProgress, Outcome, Stats};
@@ -417,7 +417,7 @@ fn the_grammars_hold_on_the_real_model() {
         let keys = memory_keys(&schema, &memory);
         let output = generate(
             &mut engine,
-            Grammar::Lark(chain_grammar(&schema, &memory, &keys, 2)),
+            chain_constraint(&schema, &memory, &keys, 2),
             40,
         );
         let (chain, _) = parse_chain(&output);

@@ -2,6 +2,8 @@
 //! schema and the memory as it stands: every line it admits applies cleanly.
 
 mod gbnf;
+#[cfg(test)]
+pub(crate) mod testing;
 
 use crate::engine::constraint::{fixed_spacing, Grammar};
 use crate::memory::{JsonPath, Next, NodeKind, Op, Revision, Schema, SchemaNode};
@@ -141,22 +143,70 @@ impl RevisionLines {
     }
 }
 
-/// The Lark rules of single revision lines that fit a memory, one rule per
+/// The language a grammar is written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    /// llguidance's Lark, which this engine, vLLM and prism serve read.
+    Lark,
+    /// llama.cpp's GBNF, which the llama.cpp family and SGLang read.
+    Gbnf,
+}
+
+impl Dialect {
+    /// The name of the rule a grammar starts from.
+    pub fn start(self) -> &'static str {
+        match self {
+            Dialect::Lark => "start",
+            Dialect::Gbnf => "root",
+        }
+    }
+
+    /// The rule `name` for `body`, with its line break. Names are lower-case
+    /// letters and digits only, the spelling both dialects take.
+    pub fn rule(self, name: &str, body: &str) -> String {
+        match self {
+            Dialect::Lark => format!("{name}: {body}\n"),
+            Dialect::Gbnf => format!("{name} ::= {body}\n"),
+        }
+    }
+
+    /// `text` as a string literal.
+    pub fn literal(self, text: &str) -> String {
+        match self {
+            Dialect::Lark => lark_string(text),
+            Dialect::Gbnf => gbnf::literal(text),
+        }
+    }
+}
+
+/// The rules of single revision lines that fit a memory, one rule per
 /// place a revision may go, for grammars that arrange the lines their own way.
 pub(crate) struct LineRules {
     /// Names of the rules for `add` lines.
     pub adds: Vec<String>,
     /// Names of the rules for `update` lines (none unless updates are allowed).
     pub updates: Vec<String>,
-    /// The rules themselves and the `KEY` terminal they use, ending in `\n`.
+    /// The rules themselves and the rules they use, ending in `\n`.
     pub definitions: String,
 }
 
 impl LineRules {
-    pub fn new(schema: &Schema, memory: &Value, updates: bool) -> Self {
-        Self::of(&RevisionLines::new(schema, memory, updates))
+    /// The rules in `dialect`; an error when a key pattern of the schema has
+    /// no GBNF spelling.
+    pub fn new(
+        schema: &Schema,
+        memory: &Value,
+        updates: bool,
+        dialect: Dialect,
+    ) -> crate::error::Result<Self> {
+        let lines = RevisionLines::new(schema, memory, updates);
+        match dialect {
+            Dialect::Lark => Ok(Self::of(&lines)),
+            Dialect::Gbnf => gbnf::line_rules(&lines),
+        }
     }
 
+    /// The rules in Lark, with the `KEY` terminal they use.
     fn of(lines: &RevisionLines) -> Self {
         let mut rules = Vec::new();
         let mut adds = Vec::new();
@@ -204,28 +254,33 @@ pub fn binds_a_limit(revision: &Revision) -> bool {
     full_list || long_string(&revision.value)
 }
 
-/// Lark expressions for the path of each key an `add` could create in
-/// `memory`, each written as a JSON string (`"$.'" KEY "'"` with its quotes).
-/// They use the `KEY` terminal of [`LineRules::definitions`] where the
+/// Expressions in `dialect` for the path of each key an `add` could create
+/// in `memory`, each written as a JSON string (`"$.'" KEY "'"` with its
+/// quotes). They use the key rule of [`LineRules::definitions`] where the
 /// schema does not spell keys its own way.
-pub(crate) fn new_key_paths(schema: &Schema, memory: &Value) -> Vec<String> {
-    schema
-        .add_targets(memory)
-        .into_iter()
-        .filter_map(|(pattern, _)| {
-            let path = match &pattern.next {
-                Next::NewKey => PathText::new_key(schema, &pattern.prefix),
-                Next::Key(name) => PathText::fixed(&pattern.prefix.key(name.clone())),
-                Next::Index(_) => return None,
-            };
-            let key = path.lark_key_between();
-            Some(format!(
-                "{}{key}{}",
-                lark_string(&format!("\"{}", path.before)),
-                lark_string(&format!("{}\"", path.after))
-            ))
-        })
-        .collect()
+pub(crate) fn new_key_paths(
+    schema: &Schema,
+    memory: &Value,
+    dialect: Dialect,
+) -> crate::error::Result<Vec<String>> {
+    let mut paths = Vec::new();
+    for (pattern, _) in schema.add_targets(memory) {
+        let path = match &pattern.next {
+            Next::NewKey => PathText::new_key(schema, &pattern.prefix),
+            Next::Key(name) => PathText::fixed(&pattern.prefix.key(name.clone())),
+            Next::Index(_) => continue,
+        };
+        let key = match dialect {
+            Dialect::Lark => path.lark_key_between(),
+            Dialect::Gbnf => gbnf::key_between(&path)?,
+        };
+        paths.push(format!(
+            "{}{key}{}",
+            dialect.literal(&format!("\"{}", path.before)),
+            dialect.literal(&format!("{}\"", path.after))
+        ));
+    }
+    Ok(paths)
 }
 
 /// The JSON Schema of a whole memory for constrained decoding: the memory

@@ -1,8 +1,12 @@
 //! The revision grammar in llama.cpp's GBNF, for servers of the llama.cpp
 //! family, which ignore Lark: the same lines, spelled as llguidance spells them.
 
-use super::{Bounded, BoundedKind, LineShape, NewKey, RevisionLines, MAX_STRING_CHARS, NEW_KEY};
+use super::{
+    Bounded, BoundedKind, LineRules, LineShape, NewKey, PathText, RevisionLines, MAX_STRING_CHARS,
+    NEW_KEY,
+};
 use crate::error::{Error, Result};
+use crate::memory::Op;
 use regex_syntax::hir::{Class, Hir, HirKind};
 use serde_json::Value;
 use std::fmt::Write;
@@ -33,35 +37,60 @@ pub(super) fn revision_grammar(lines: &RevisionLines, max_lines: usize) -> Resul
     if lines.is_empty() {
         return Ok("root ::= \"\"\n".to_string());
     }
-    let mut rules = Vec::new();
-    let mut names = Vec::new();
-    for (index, line) in lines.numbered() {
-        names.push(format!("r{index}"));
-        rules.push(format!("r{index} ::= {}", line_expression(line)?));
-    }
+    let rules = line_rules(lines)?;
     Ok(format!(
-        "root ::= line{{0,{max_lines}}}\nline ::= {}\n{}\nkey ::= {}\n{}",
-        names.join(" | "),
-        rules.join("\n"),
-        regex(NEW_KEY)?,
-        JSON_RULES.replace("MAX", &MAX_STRING_CHARS.to_string()),
+        "root ::= line{{0,{max_lines}}}\nline ::= {}\n{}",
+        [rules.adds, rules.updates].concat().join(" | "),
+        rules.definitions,
     ))
+}
+
+/// The GBNF rules of single revision lines, named as the Lark ones are,
+/// with the `key` rule and the JSON rules they use.
+pub(super) fn line_rules(lines: &RevisionLines) -> Result<LineRules> {
+    let mut rules = Vec::new();
+    let mut adds = Vec::new();
+    let mut updates = Vec::new();
+    for (index, line) in lines.numbered() {
+        let name = format!("r{index}");
+        rules.push(format!("{name} ::= {}", line_expression(line)?));
+        match line.op {
+            Op::Add => adds.push(name),
+            Op::Update => updates.push(name),
+        }
+    }
+    Ok(LineRules {
+        adds,
+        updates,
+        definitions: format!(
+            "{}\nkey ::= {}\n{}",
+            rules.join("\n"),
+            regex(NEW_KEY)?,
+            JSON_RULES.replace("MAX", &MAX_STRING_CHARS.to_string()),
+        ),
+    })
 }
 
 fn line_expression(line: &LineShape) -> Result<String> {
     let (head, tail) = line.path.around(line.op);
-    let key = match &line.path.key {
-        None => " ".to_string(),
-        Some(NewKey::Any) => " key ".to_string(),
-        Some(NewKey::Pattern(pattern)) => format!(" ({}) ", regex(pattern)?),
-    };
     Ok(format!(
-        "{}{key}{} {} {}",
+        "{}{}{} {} {}",
         literal(&head),
+        key_between(&line.path)?,
         literal(&tail),
         value(&line.value),
         literal("}\n")
     ))
+}
+
+/// What goes between a path's text before and after its key: the key's
+/// expression set off by spaces, or one space.
+pub(super) fn key_between(path: &PathText) -> Result<String> {
+    Ok(match &path.key {
+        None => " ".to_string(),
+        Some(NewKey::Any) => " key ".to_string(),
+        Some(NewKey::Pattern(pattern)) => format!(" ({}) ", regex(pattern)?),
+    })
 }
 
 /// The expression of a bounded value.
@@ -164,7 +193,7 @@ fn spaced(value: &Value) -> String {
 }
 
 /// `text` as a GBNF string literal.
-fn literal(text: &str) -> String {
+pub(super) fn literal(text: &str) -> String {
     let mut out = String::from("\"");
     for c in text.chars() {
         match c {
@@ -277,90 +306,12 @@ fn unrenderable(pattern: &str, reason: &str) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{lark_grammar, lark_string, MAX_LIST_ITEMS};
+    use super::super::testing::{accepts, lark_of_gbnf};
+    use super::super::{lark_grammar, MAX_LIST_ITEMS};
     use super::*;
     use crate::memory::testing::load;
     use crate::memory::Schema;
-    use llguidance::api::TopLevelGrammar;
-    use llguidance::{Matcher, ParserFactory};
     use serde_json::json;
-
-    /// Whether a Lark grammar accepts `text` whole, read one byte per token.
-    fn accepts(lark: &str, text: &str) -> bool {
-        let env = toktrie::ApproximateTokEnv::single_byte_env();
-        let mut factory = ParserFactory::new_simple(&env).unwrap();
-        factory.quiet();
-        let mut matcher =
-            Matcher::new(factory.create_parser(TopLevelGrammar::from_lark(lark.to_string())));
-        assert_eq!(matcher.get_error(), None, "{lark}");
-        let tokens: Vec<u32> = text.bytes().map(u32::from).collect();
-        matcher.validate_tokens(&tokens).unwrap() == tokens.len()
-            && matcher.consume_tokens(&tokens).is_ok()
-            && matcher.is_accepting().unwrap()
-    }
-
-    /// GBNF read into llguidance's Lark, which has no GBNF reader: rules
-    /// keep their names (`-` becomes `_`), literals are quoted again and
-    /// classes become regular expressions. It reads what this module writes,
-    /// one rule a line, and nothing else.
-    fn lark_of_gbnf(gbnf: &str) -> String {
-        let mut lark = String::from("start: root\n");
-        for rule in gbnf.lines() {
-            let (name, body) = rule.split_once(" ::= ").expect("one rule a line");
-            lark += &format!("{}: {}\n", name.replace('-', "_"), lark_body(body));
-        }
-        lark
-    }
-
-    fn lark_body(body: &str) -> String {
-        let mut out = String::new();
-        let mut chars = body.chars();
-        while let Some(c) = chars.next() {
-            match c {
-                '"' => {
-                    let mut text = String::new();
-                    loop {
-                        match chars.next().expect("a literal ends") {
-                            '"' => break,
-                            '\\' => text.push(unescape(&mut chars)),
-                            c => text.push(c),
-                        }
-                    }
-                    out += &lark_string(&text);
-                }
-                '[' => {
-                    out += "/[";
-                    loop {
-                        match chars.next().expect("a class ends") {
-                            ']' => break,
-                            '\\' => out += &format!("\\x{{{:X}}}", u32::from(unescape(&mut chars))),
-                            '/' => out += "\\/",
-                            c => out.push(c),
-                        }
-                    }
-                    out += "]/";
-                }
-                '-' => out.push('_'),
-                c => out.push(c),
-            }
-        }
-        out
-    }
-
-    /// The character a GBNF escape stands for, the backslash already read.
-    fn unescape(chars: &mut std::str::Chars) -> char {
-        let digits = match chars.next().expect("an escaped character") {
-            'x' => 2,
-            'u' => 4,
-            'U' => 8,
-            'n' => return '\n',
-            'r' => return '\r',
-            't' => return '\t',
-            c => return c,
-        };
-        let hex: String = chars.take(digits).collect();
-        char::from_u32(u32::from_str_radix(&hex, 16).unwrap()).unwrap()
-    }
 
     /// Each line as both dialects take it, with what they should say.
     fn assert_both<T: AsRef<str>>(

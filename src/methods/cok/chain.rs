@@ -6,7 +6,7 @@ use crate::chunk::Chunk;
 use crate::engine::constraint::Grammar;
 use crate::error::Result;
 use crate::llm::Llm;
-use crate::memory::grammar::{lark_string, new_key_paths, LineRules};
+use crate::memory::grammar::{new_key_paths, Dialect, LineRules};
 use crate::memory::revise::apply_revisions;
 use crate::memory::{render_revision, JsonPath, Next, NodeKind, Revision, Schema, Segment};
 use serde_json::Value;
@@ -82,14 +82,10 @@ pub(super) fn step(
     // Listing the keys is the chain's own overhead; the step budget is for the revisions.
     let max_tokens = cok.config.step_tokens + llm.count_tokens(&key_list(&keys))?;
     let max_tokens = super::fit(llm, &prompt, max_tokens)?;
-    let grammar = cok.config.constrained.then(|| {
-        Grammar::Lark(chain_grammar(
-            schema,
-            &state.memory,
-            &keys,
-            MAX_LINES_PER_KIND,
-        ))
-    });
+    let grammar = cok
+        .config
+        .constrained
+        .then(|| chain_constraint(schema, &state.memory, &keys, MAX_LINES_PER_KIND));
     let completion = llm.complete(&prompt, max_tokens, grammar.as_ref())?;
     let (chain, revisions) = parse_chain(&completion.text);
     let (applied, rejected) = apply_revisions(&mut state.memory, &revisions, schema, true, None);
@@ -291,55 +287,87 @@ fn key_names(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// The Lark grammar of a chain-of-key output for `memory`, whose keys are
-/// `keys`: the key list exactly as the memory has it, a choice among those
-/// keys, up to `max_lines` update lines, a list of new keys, and up to
-/// `max_lines` add lines, with at least one revision whenever one is possible.
-pub fn chain_grammar(
+/// The constraint of a chain-of-key output (see [`chain_grammar`]), in Lark
+/// and, for servers of the llama.cpp family, in GBNF. A schema whose key
+/// pattern GBNF cannot express gets the Lark grammar alone.
+pub fn chain_constraint(
     schema: &Schema,
     memory: &Value,
     keys: &[JsonPath],
     max_lines: usize,
-) -> String {
-    let rules = LineRules::new(schema, memory, true);
-    let listed = lark_string(&format!("{LISTED}: {}\n{MATCHED}: ", key_list(keys)));
-    let new_heading = lark_string(&format!("{NEW}: "));
-    let names: Vec<String> = keys
-        .iter()
-        .map(|key| lark_string(&json_string(&key.to_string())))
-        .collect();
-    let mut grammar = format!("start: {listed} matched \"\\n\" body\n");
-    grammar += &list_rule("matched", &names);
-    grammar += &list_rule("new_keys", &new_key_paths(schema, memory));
-    let updates = format!("update_line{{1,{max_lines}}}");
-    let new_keys = format!("{new_heading} new_keys \"\\n\"");
-    let body = match (rules.updates.is_empty(), rules.adds.is_empty()) {
-        (false, false) => format!(
-            "{updates} {new_keys} add_line{{0,{max_lines}}} | {new_keys} add_line{{1,{max_lines}}}"
-        ),
-        (false, true) => format!("{updates} {new_keys}"),
-        (true, false) => format!("{new_keys} add_line{{1,{max_lines}}}"),
-        (true, true) => new_keys,
-    };
-    grammar += &format!("body: {body}\n");
-    if !rules.updates.is_empty() {
-        grammar += &format!("update_line: {}\n", rules.updates.join(" | "));
+) -> Grammar {
+    let grammar = |dialect| chain_grammar(schema, memory, keys, max_lines, dialect);
+    let lark = grammar(Dialect::Lark).expect("every schema has a Lark rendering");
+    match grammar(Dialect::Gbnf) {
+        Ok(gbnf) => Grammar::Dialects { lark, gbnf },
+        Err(error) => {
+            tracing::debug!("the chain grammar has no GBNF rendering: {error}");
+            Grammar::Lark(lark)
+        }
     }
-    if !rules.adds.is_empty() {
-        grammar += &format!("add_line: {}\n", rules.adds.join(" | "));
-    }
-    grammar + &rules.definitions
 }
 
-/// A rule for a JSON list of any of `items` (Lark expressions), or of nothing.
-fn list_rule(name: &str, items: &[String]) -> String {
-    if items.is_empty() {
-        return format!("{name}: \"[]\"\n");
+/// The grammar of a chain-of-key output for `memory`, whose keys are
+/// `keys`: the key list exactly as the memory has it, a choice among those
+/// keys, up to `max_lines` update lines, a list of new keys, and up to
+/// `max_lines` add lines, with at least one revision whenever one is possible.
+fn chain_grammar(
+    schema: &Schema,
+    memory: &Value,
+    keys: &[JsonPath],
+    max_lines: usize,
+    dialect: Dialect,
+) -> Result<String> {
+    let rules = LineRules::new(schema, memory, true, dialect)?;
+    let listed = dialect.literal(&format!("{LISTED}: {}\n{MATCHED}: ", key_list(keys)));
+    let new_heading = dialect.literal(&format!("{NEW}: "));
+    let line_break = dialect.literal("\n");
+    let names: Vec<String> = keys
+        .iter()
+        .map(|key| dialect.literal(&json_string(&key.to_string())))
+        .collect();
+    let mut grammar = dialect.rule(
+        dialect.start(),
+        &format!("{listed} matched {line_break} body"),
+    );
+    grammar += &list_rule(dialect, "matched", &names);
+    grammar += &list_rule(dialect, "newkeys", &new_key_paths(schema, memory, dialect)?);
+    let updates = format!("updateline{{1,{max_lines}}}");
+    let new_keys = format!("{new_heading} newkeys {line_break}");
+    let body = match (rules.updates.is_empty(), rules.adds.is_empty()) {
+        (false, false) => format!(
+            "{updates} {new_keys} addline{{0,{max_lines}}} | {new_keys} addline{{1,{max_lines}}}"
+        ),
+        (false, true) => format!("{updates} {new_keys}"),
+        (true, false) => format!("{new_keys} addline{{1,{max_lines}}}"),
+        (true, true) => new_keys,
+    };
+    grammar += &dialect.rule("body", &body);
+    if !rules.updates.is_empty() {
+        grammar += &dialect.rule("updateline", &rules.updates.join(" | "));
     }
-    format!(
-        "{name}: \"[]\" | \"[\" {name}_item (\", \" {name}_item)* \"]\"\n{name}_item: {}\n",
-        items.join(" | ")
-    )
+    if !rules.adds.is_empty() {
+        grammar += &dialect.rule("addline", &rules.adds.join(" | "));
+    }
+    Ok(grammar + &rules.definitions)
+}
+
+/// A rule for a JSON list of any of `items`, or of nothing.
+fn list_rule(dialect: Dialect, name: &str, items: &[String]) -> String {
+    let empty = dialect.literal("[]");
+    if items.is_empty() {
+        return dialect.rule(name, &empty);
+    }
+    let item = format!("{name}item");
+    dialect.rule(
+        name,
+        &format!(
+            "{empty} | {} {item} ({} {item})* {}",
+            dialect.literal("["),
+            dialect.literal(", "),
+            dialect.literal("]")
+        ),
+    ) + &dialect.rule(&item, &items.join(" | "))
 }
 
 /// An `add` revision at the first place an empty memory can grow, named
@@ -385,6 +413,7 @@ fn example_of(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::grammar::testing::{accepts, lark_of_gbnf};
     use crate::memory::testing::load;
     use serde_json::json;
 
@@ -503,7 +532,7 @@ New keys: ["$.'The storm'"]
         let book = load("book.json");
         let memory = json!({"Voyage": ["x"]});
         let keys = memory_keys(&book, &memory);
-        let grammar = chain_grammar(&book, &memory, &keys, 2);
+        let grammar = chain_grammar(&book, &memory, &keys, 2, Dialect::Lark).unwrap();
         assert!(
             grammar.starts_with(
                 r#"start: "Keys in memory: [\"$.Voyage\"]\nKeys this chunk matches: " matched "\n" body"#
@@ -511,25 +540,85 @@ New keys: ["$.'The storm'"]
             "{grammar}"
         );
         assert!(
-            grammar.contains(r#"matched_item: "\"$.Voyage\"""#),
+            grammar.contains(r#"matcheditem: "\"$.Voyage\"""#),
             "{grammar}"
         );
         assert!(
-            grammar.contains(r#"new_keys_item: "\"$.'" KEY "'\"""#),
+            grammar.contains(r#"newkeysitem: "\"$.'" KEY "'\"""#),
             "{grammar}"
         );
         assert!(
-            grammar.contains("body: update_line{1,2} \"New keys: \" new_keys \"\\n\" add_line{0,2} | \"New keys: \" new_keys \"\\n\" add_line{1,2}"),
+            grammar.contains("body: updateline{1,2} \"New keys: \" newkeys \"\\n\" addline{0,2} | \"New keys: \" newkeys \"\\n\" addline{1,2}"),
             "{grammar}"
         );
-        assert!(grammar.contains("update_line: ") && grammar.contains("add_line: "));
+        assert!(grammar.contains("updateline: ") && grammar.contains("addline: "));
 
         // An empty memory: nothing to list, match or update.
         let empty = json!({});
-        let grammar = chain_grammar(&book, &empty, &[], 2);
+        let grammar = chain_grammar(&book, &empty, &[], 2, Dialect::Lark).unwrap();
         assert!(grammar.contains("matched: \"[]\"\n"), "{grammar}");
-        assert!(grammar.contains("body: \"New keys: \" new_keys \"\\n\" add_line{1,2}"));
-        assert!(!grammar.contains("update_line"));
+        assert!(grammar.contains("body: \"New keys: \" newkeys \"\\n\" addline{1,2}"));
+        assert!(!grammar.contains("updateline"));
+    }
+
+    #[test]
+    fn chains_parse_alike_in_lark_and_gbnf() {
+        let book = load("book.json");
+        let memory = json!({"Voyage": ["The ship sails."]});
+        let keys = memory_keys(&book, &memory);
+        let lark = chain_grammar(&book, &memory, &keys, 2, Dialect::Lark).unwrap();
+        let gbnf = chain_grammar(&book, &memory, &keys, 2, Dialect::Gbnf).unwrap();
+        assert!(gbnf.starts_with("root ::= "), "{gbnf}");
+        let from_gbnf = lark_of_gbnf(&gbnf);
+        let head = "Keys in memory: [\"$.Voyage\"]\nKeys this chunk matches: ";
+        let update = r#"{"op": "update", "path": "$.Voyage", "value": ["The ship sails north."]}"#;
+        let add = r#"{"op": "add", "path": "$.'Ice'", "value": ["The crew meets ice."]}"#;
+        let cases = [
+            (format!("{head}[\"$.Voyage\"]\n{update}\nNew keys: []\n"), true),
+            (
+                format!("{head}[]\nNew keys: [\"$.'Ice'\"]\n{add}\n"),
+                true,
+            ),
+            (
+                format!("{head}[\"$.Voyage\"]\n{update}\nNew keys: [\"$.'Ice'\"]\n{add}\n"),
+                true,
+            ),
+            // A revision is owed whenever one is possible.
+            (format!("{head}[]\nNew keys: []\n"), false),
+            // A key the memory does not have.
+            (format!("{head}[\"$.Ship\"]\n{update}\nNew keys: []\n"), false),
+            // The key list must be the memory's own.
+            (
+                format!("Keys in memory: []\nKeys this chunk matches: []\nNew keys: [\"$.'Ice'\"]\n{add}\n"),
+                false,
+            ),
+            // Three updates where two are the most.
+            (
+                format!("{head}[\"$.Voyage\"]\n{update}\n{update}\n{update}\nNew keys: []\n"),
+                false,
+            ),
+        ];
+        for (text, expected) in &cases {
+            assert_eq!(accepts(&lark, text), *expected, "Lark: {text:?}\n{lark}");
+            assert_eq!(
+                accepts(&from_gbnf, text),
+                *expected,
+                "GBNF: {text:?}\n{gbnf}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_chain_carries_both_dialects_for_remote_servers() {
+        let book = load("book.json");
+        let memory = json!({"Voyage": ["x"]});
+        let keys = memory_keys(&book, &memory);
+        let grammar = chain_constraint(&book, &memory, &keys, 2);
+        assert!(
+            matches!(&grammar, Grammar::Dialects { lark, gbnf }
+                if lark.starts_with("start: ") && gbnf.starts_with("root ::= ")),
+            "{grammar:?}"
+        );
     }
 
     #[test]
