@@ -2,7 +2,10 @@
 
 use prism::engine::cache_slots::{place, Placement, SlotView};
 use prism::engine::Usage;
-use prism::llm::{Completion, Llm, Prompt};
+use prism::llm::remote::CacheFigures;
+use prism::llm::{
+    complete_in_turn_checking_after, Completion, Llm, ModelInfo, Prompt, Request, TokenCounter,
+};
 use prism::run::dir::RunDir;
 use prism::run::RunFiles;
 use std::path::{Path, PathBuf};
@@ -283,10 +286,10 @@ pub struct ScriptedLlm {
     slots: Vec<(Vec<char>, usize)>,
     slot_limit: usize,
     context_tokens: usize,
-    /// How many calls it says it runs side by side ([`Llm::concurrency`]).
+    /// How many calls it says it runs side by side ([`ModelInfo::concurrency`]).
     at_once: usize,
-    /// The size of every batch handed to `complete_each`, which still runs
-    /// in turn, so the script is read in order.
+    /// The size of every set of independent calls handed over, which still
+    /// runs in turn, so the script is read in order.
     pub batches: Vec<usize>,
 }
 
@@ -357,13 +360,8 @@ impl ScriptedLlm {
     }
 }
 
-impl Llm for ScriptedLlm {
-    fn complete(
-        &mut self,
-        prompt: &Prompt,
-        max_tokens: usize,
-        _grammar: Option<&prism::engine::constraint::Grammar>,
-    ) -> prism::Result<Completion> {
+impl ScriptedLlm {
+    fn reply(&mut self, prompt: &Prompt, max_tokens: usize) -> Completion {
         let chars = Self::chars(prompt);
         let (slot, reused) = self.take_slot(&chars);
         // Like the engine, stop at the budget: a longer reply is cut off.
@@ -374,7 +372,7 @@ impl Llm for ScriptedLlm {
             .unwrap_or_default();
         self.prompts.push(prompt.clone());
         self.slots[slot] = (chars.clone(), self.prompts.len());
-        Ok(Completion {
+        Completion {
             usage: Usage {
                 prompt_tokens: chars.len(),
                 reused_tokens: reused.min(chars.len() - 1),
@@ -382,31 +380,43 @@ impl Llm for ScriptedLlm {
                 ..Usage::default()
             },
             text,
+        }
+    }
+}
+
+impl Llm for ScriptedLlm {
+    fn complete_each(
+        &mut self,
+        requests: &[Request<'_>],
+        done: &mut dyn FnMut(usize),
+    ) -> prism::Result<Vec<Completion>> {
+        if requests.iter().all(|request| request.independent) {
+            self.batches.push(requests.len());
+        }
+        complete_in_turn_checking_after(requests, done, |request| {
+            Ok(self.reply(request.prompt, request.max_tokens))
         })
     }
 
-    fn complete_each(
-        &mut self,
-        requests: &[prism::llm::Request],
-        done: &mut dyn FnMut(usize),
-    ) -> prism::Result<Vec<Completion>> {
-        self.batches.push(requests.len());
-        prism::llm::complete_in_turn(self, requests, done)
+    fn info(&self) -> ModelInfo<'_> {
+        ModelInfo {
+            context_tokens: self.context_tokens,
+            concurrency: self.at_once,
+            cache_figures: CacheFigures::Measured,
+            counter: &Chars,
+        }
     }
+}
 
-    fn concurrency(&self) -> usize {
-        self.at_once
-    }
+/// Tokens counted as characters, as [`ScriptedLlm`] counts them.
+struct Chars;
 
+impl TokenCounter for Chars {
     fn count_tokens(&self, text: &str) -> prism::Result<usize> {
         Ok(text.chars().count())
     }
 
     fn prompt_tokens(&self, prompt: &Prompt) -> prism::Result<usize> {
-        Ok(Self::chars(prompt).len())
-    }
-
-    fn context_tokens(&self) -> usize {
-        self.context_tokens
+        Ok(ScriptedLlm::chars(prompt).len())
     }
 }

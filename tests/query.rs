@@ -10,9 +10,11 @@ use crate::common::scripted_files;
 use prism::bench::code_retrieval::{defined_functions, query, score};
 use prism::chunk::split;
 use prism::document::{read_sources, MAX_DOCUMENT_BYTES};
-use prism::engine::constraint::Grammar;
 use prism::engine::Usage;
-use prism::llm::{Completion, Llm, Prompt};
+use prism::llm::remote::CacheFigures;
+use prism::llm::{
+    complete_in_turn_checking_after, Completion, Llm, ModelInfo, Prompt, Request, TokenCounter,
+};
 use prism::memory::shipped;
 use prism::methods::prism::{MemoryMode, PrismConfig};
 use prism::methods::{AnswerForm, MethodSpec};
@@ -29,13 +31,8 @@ struct ReadingLlm {
     prompts: Vec<Prompt>,
 }
 
-impl Llm for ReadingLlm {
-    fn complete(
-        &mut self,
-        prompt: &Prompt,
-        _max_tokens: usize,
-        _grammar: Option<&Grammar>,
-    ) -> prism::Result<Completion> {
+impl ReadingLlm {
+    fn reply(&mut self, prompt: &Prompt) -> prism::Result<Completion> {
         let text: String = prompt.segments.concat();
         let reply = if text.contains("Revisions:\n") {
             let chunk = text.rsplit("Text (chunk").next().unwrap_or_default();
@@ -51,7 +48,7 @@ impl Llm for ReadingLlm {
             format!("The function is `{first_key}`.")
         };
         self.prompts.push(prompt.clone());
-        let prompt_tokens = self.prompt_tokens(prompt)?;
+        let prompt_tokens = Words.prompt_tokens(prompt)?;
         Ok(Completion {
             usage: Usage {
                 prompt_tokens,
@@ -61,7 +58,31 @@ impl Llm for ReadingLlm {
             text: reply,
         })
     }
+}
 
+impl Llm for ReadingLlm {
+    fn complete_each(
+        &mut self,
+        requests: &[Request<'_>],
+        done: &mut dyn FnMut(usize),
+    ) -> prism::Result<Vec<Completion>> {
+        complete_in_turn_checking_after(requests, done, |request| self.reply(request.prompt))
+    }
+
+    fn info(&self) -> ModelInfo<'_> {
+        ModelInfo {
+            context_tokens: 100_000,
+            concurrency: 1,
+            cache_figures: CacheFigures::Measured,
+            counter: &Words,
+        }
+    }
+}
+
+/// Tokens counted as words, system turn included.
+struct Words;
+
+impl TokenCounter for Words {
     fn count_tokens(&self, text: &str) -> prism::Result<usize> {
         Ok(text.split_whitespace().count())
     }
@@ -72,10 +93,6 @@ impl Llm for ReadingLlm {
             .chain(&prompt.segments)
             .map(|s| s.split_whitespace().count());
         Ok(words.sum())
-    }
-
-    fn context_tokens(&self) -> usize {
-        100_000
     }
 }
 

@@ -11,7 +11,7 @@ pub mod wire;
 use crate::engine::constraint::Grammar;
 use crate::engine::prompt_format::PromptFormat;
 use crate::engine::{check_lines_after, Engine, EngineIdentity, GenerateOptions, LineCheck, Usage};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use remote::{CacheFigures, RemoteIdentity, RemoteLlm, RemoteModel};
 use side_by_side::SideBySide;
 
@@ -54,30 +54,103 @@ pub struct Completion {
     pub usage: Usage,
 }
 
-/// One of a set of calls that do not depend on one another's answers
-/// (see [`Llm::complete_each`]).
-#[derive(Debug, Clone)]
-pub struct Request {
-    pub prompt: Prompt,
+/// One call of a model (see [`Llm::complete_each`]).
+#[derive(Clone, Copy)]
+pub struct Request<'a> {
+    pub prompt: &'a Prompt,
+    /// The most tokens to generate.
     pub max_tokens: usize,
-    pub grammar: Option<Grammar>,
+    /// The grammar the text must keep to.
+    pub grammar: Option<&'a Grammar>,
+    /// A check on each whole line of the text: a skipped line is replaced by
+    /// what the model writes instead, and the text ends before a line it
+    /// stops at (see [`Engine::generate_checking_lines`]).
+    pub line_check: Option<&'a LineCheck<'a>>,
+    /// Whether the call is one of a set that needs none of the others'
+    /// answers. A model that runs calls side by side spreads only such calls;
+    /// any other runs where the calls before it ran, whose cache it may reuse.
+    pub independent: bool,
+}
+
+impl<'a> Request<'a> {
+    /// One of a set of calls that need none of the others' answers, with
+    /// no grammar and no line check.
+    pub fn independent(prompt: &'a Prompt, max_tokens: usize) -> Self {
+        Request {
+            prompt,
+            max_tokens,
+            grammar: None,
+            line_check: None,
+            independent: true,
+        }
+    }
+}
+
+/// What a model is, as the methods that call it need to know.
+#[derive(Clone, Copy)]
+pub struct ModelInfo<'a> {
+    /// The most tokens a prompt and its completion may hold together.
+    pub context_tokens: usize,
+    /// How many of [`Llm::complete_each`]'s independent calls run at once.
+    /// A method hands it that many per step, so a step waits on no call it
+    /// could have started later.
+    pub concurrency: usize,
+    /// Whether the reuse in the usages is counted or estimated.
+    pub cache_figures: CacheFigures,
+    /// Counts tokens as the model reads them.
+    pub counter: &'a dyn TokenCounter,
+}
+
+/// How a model counts tokens.
+pub trait TokenCounter {
+    /// Tokens in `text` on its own.
+    fn count_tokens(&self, text: &str) -> Result<usize>;
+    /// Tokens in the whole prompt, chat template included.
+    fn prompt_tokens(&self, prompt: &Prompt) -> Result<usize>;
+}
+
+impl TokenCounter for PromptFormat {
+    fn count_tokens(&self, text: &str) -> Result<usize> {
+        Ok(self.tokenizer().encode(text)?.len())
+    }
+
+    fn prompt_tokens(&self, prompt: &Prompt) -> Result<usize> {
+        Ok(self
+            .segmented_chat_prompt(prompt.system.as_deref(), &prompt.segments)?
+            .len())
+    }
 }
 
 /// A language model that completes prompts and counts tokens.
+///
+/// An implementor writes [`complete_each`](Llm::complete_each) and
+/// [`info`](Llm::info); the other methods are built on those two and are
+/// not meant to be overridden, so that a wrapper sees every call.
 pub trait Llm {
+    /// Complete every one of `requests`, answers in their order, telling
+    /// `done` how many are finished after each. A model that runs one call
+    /// at a time uses [`complete_in_turn`] or
+    /// [`complete_in_turn_checking_after`]; a backend opened with
+    /// [`Backend::llm_side_by_side`] runs independent calls several at once.
+    fn complete_each(
+        &mut self,
+        requests: &[Request<'_>],
+        done: &mut dyn FnMut(usize),
+    ) -> Result<Vec<Completion>>;
+    /// What the model is: its context, concurrency and token counts.
+    fn info(&self) -> ModelInfo<'_>;
+
     /// Generate at most `max_tokens` tokens after `prompt`, inside `grammar` when given.
     fn complete(
         &mut self,
         prompt: &Prompt,
         max_tokens: usize,
         grammar: Option<&Grammar>,
-    ) -> Result<Completion>;
+    ) -> Result<Completion> {
+        complete_one(self, prompt, max_tokens, grammar, None)
+    }
     /// [`complete`](Llm::complete), with each whole line of the text checked
-    /// by `refuse_line`: a skipped line is replaced by what the model writes
-    /// instead, and the text ends before a line it stops at (see
-    /// [`Engine::generate_checking_lines`]). This default applies the check
-    /// to the finished text; a model that checks while it generates spends
-    /// no tokens past a stop and writes on after a skip.
+    /// by `refuse_line` (see [`Request::line_check`]).
     fn complete_checking_lines(
         &mut self,
         prompt: &Prompt,
@@ -85,56 +158,74 @@ pub trait Llm {
         grammar: Option<&Grammar>,
         refuse_line: &LineCheck,
     ) -> Result<Completion> {
-        let mut completion = self.complete(prompt, max_tokens, grammar)?;
-        completion.text = check_lines_after(&completion.text, refuse_line);
-        Ok(completion)
-    }
-    /// Complete every one of `requests`, answers in their order, telling
-    /// `done` how many are finished after each. This default runs them in
-    /// turn; a backend opened with [`Backend::llm_side_by_side`] runs several
-    /// at once.
-    fn complete_each(
-        &mut self,
-        requests: &[Request],
-        done: &mut dyn FnMut(usize),
-    ) -> Result<Vec<Completion>> {
-        complete_in_turn(self, requests, done)
-    }
-    /// How many of [`complete_each`](Llm::complete_each)'s calls run at
-    /// once. A method hands it that many independent calls per step, so a
-    /// step waits on no call it could have started later.
-    fn concurrency(&self) -> usize {
-        1
+        complete_one(self, prompt, max_tokens, grammar, Some(refuse_line))
     }
     /// Tokens in `text` on its own.
-    fn count_tokens(&self, text: &str) -> Result<usize>;
+    fn count_tokens(&self, text: &str) -> Result<usize> {
+        self.info().counter.count_tokens(text)
+    }
     /// Tokens in the whole prompt, chat template included.
-    fn prompt_tokens(&self, prompt: &Prompt) -> Result<usize>;
+    fn prompt_tokens(&self, prompt: &Prompt) -> Result<usize> {
+        self.info().counter.prompt_tokens(prompt)
+    }
     /// The most tokens a prompt and its completion may hold together.
-    fn context_tokens(&self) -> usize;
-    /// Whether the reuse in the usages is counted or estimated.
-    fn cache_figures(&self) -> CacheFigures {
-        CacheFigures::Measured
+    fn context_tokens(&self) -> usize {
+        self.info().context_tokens
     }
 }
 
-/// [`Llm::complete_each`] one request after another, for models that run
-/// one call at a time.
-pub fn complete_in_turn<L: Llm + ?Sized>(
+/// One call on its own, as a set of one that depends on the calls before it.
+fn complete_one<L: Llm + ?Sized>(
     llm: &mut L,
-    requests: &[Request],
+    prompt: &Prompt,
+    max_tokens: usize,
+    grammar: Option<&Grammar>,
+    line_check: Option<&LineCheck>,
+) -> Result<Completion> {
+    let request = Request {
+        prompt,
+        max_tokens,
+        grammar,
+        line_check,
+        independent: false,
+    };
+    llm.complete_each(&[request], &mut |_| {})?
+        .pop()
+        .ok_or_else(|| Error::invalid("model", "gave no completion for its one call"))
+}
+
+/// [`Llm::complete_each`] one request after another, by `complete`, for
+/// models that run one call at a time and honour each request's line check
+/// as they generate.
+pub fn complete_in_turn(
+    requests: &[Request<'_>],
     done: &mut dyn FnMut(usize),
+    mut complete: impl FnMut(&Request<'_>) -> Result<Completion>,
 ) -> Result<Vec<Completion>> {
     let mut completions = Vec::with_capacity(requests.len());
     for request in requests {
-        completions.push(llm.complete(
-            &request.prompt,
-            request.max_tokens,
-            request.grammar.as_ref(),
-        )?);
+        completions.push(complete(request)?);
         done(completions.len());
     }
     Ok(completions)
+}
+
+/// [`complete_in_turn`] for models that cannot check lines while they
+/// generate: `complete` writes each text unchecked, and the request's line
+/// check is applied to the finished text. Such a model spends tokens past a
+/// stop, and writes nothing in place of a skipped line.
+pub fn complete_in_turn_checking_after(
+    requests: &[Request<'_>],
+    done: &mut dyn FnMut(usize),
+    mut complete: impl FnMut(&Request<'_>) -> Result<Completion>,
+) -> Result<Vec<Completion>> {
+    complete_in_turn(requests, done, |request| {
+        let mut completion = complete(request)?;
+        if let Some(check) = request.line_check {
+            completion.text = check_lines_after(&completion.text, check);
+        }
+        Ok(completion)
+    })
 }
 
 /// Where a method's calls run.
@@ -244,19 +335,12 @@ impl<'a> EngineLlm<'a> {
         EngineLlm { engine, options }
     }
 
-    fn token_ids(&self, prompt: &Prompt) -> Result<Vec<u32>> {
-        self.engine
-            .segmented_chat_prompt(prompt.system.as_deref(), &prompt.segments)
-    }
-
-    fn run(
-        &mut self,
-        prompt: &Prompt,
-        max_tokens: usize,
-        grammar: Option<&Grammar>,
-        refuse_line: Option<&LineCheck>,
-    ) -> Result<Completion> {
-        let ids = self.token_ids(prompt)?;
+    /// One call, its lines checked while it generates.
+    fn run(&mut self, request: &Request<'_>) -> Result<Completion> {
+        let prompt = request.prompt;
+        let ids = self
+            .engine
+            .segmented_chat_prompt(prompt.system.as_deref(), &prompt.segments)?;
         tracing::trace!(target: "prism::prompt", system = ?prompt.system, "{}", prompt.segments.concat());
         let no_copy_ngram = prompt
             .source
@@ -270,15 +354,15 @@ impl<'a> EngineLlm<'a> {
             _ => Vec::new(),
         };
         let mut options = GenerateOptions {
-            max_tokens,
-            grammar: grammar.cloned(),
+            max_tokens: request.max_tokens,
+            grammar: request.grammar.cloned(),
             copy_source,
             ..self.options.clone()
         };
         options.sampling.no_copy_ngram = no_copy_ngram;
         let generation = self
             .engine
-            .generate_checking_lines(&ids, &options, refuse_line)?;
+            .generate_checking_lines(&ids, &options, request.line_check)?;
         Ok(Completion {
             text: generation.text,
             usage: generation.usage,
@@ -287,34 +371,20 @@ impl<'a> EngineLlm<'a> {
 }
 
 impl Llm for EngineLlm<'_> {
-    fn complete(
+    fn complete_each(
         &mut self,
-        prompt: &Prompt,
-        max_tokens: usize,
-        grammar: Option<&Grammar>,
-    ) -> Result<Completion> {
-        self.run(prompt, max_tokens, grammar, None)
+        requests: &[Request<'_>],
+        done: &mut dyn FnMut(usize),
+    ) -> Result<Vec<Completion>> {
+        complete_in_turn(requests, done, |request| self.run(request))
     }
 
-    fn complete_checking_lines(
-        &mut self,
-        prompt: &Prompt,
-        max_tokens: usize,
-        grammar: Option<&Grammar>,
-        refuse_line: &LineCheck,
-    ) -> Result<Completion> {
-        self.run(prompt, max_tokens, grammar, Some(refuse_line))
-    }
-
-    fn count_tokens(&self, text: &str) -> Result<usize> {
-        Ok(self.engine.tokenizer().encode(text)?.len())
-    }
-
-    fn prompt_tokens(&self, prompt: &Prompt) -> Result<usize> {
-        Ok(self.token_ids(prompt)?.len())
-    }
-
-    fn context_tokens(&self) -> usize {
-        self.engine.context_tokens()
+    fn info(&self) -> ModelInfo<'_> {
+        ModelInfo {
+            context_tokens: self.engine.context_tokens(),
+            concurrency: 1,
+            cache_figures: CacheFigures::Measured,
+            counter: self.engine.format(),
+        }
     }
 }

@@ -9,7 +9,7 @@ use super::wire::{
     ApiUsage, ChatRequest, CompletionRequest, Content, ErrorBody, GenerationFields, PromptField,
     Reply, RequestMessage, StreamOptions,
 };
-use super::{Completion, Llm, Prompt};
+use super::{complete_in_turn, Completion, Llm, ModelInfo, Prompt, Request};
 use crate::engine::chat::ChatMessage;
 use crate::engine::constraint::Grammar;
 use crate::engine::kv_cache::common_prefix;
@@ -584,53 +584,29 @@ impl<'a> RemoteLlm<'a> {
 }
 
 impl Llm for RemoteLlm<'_> {
-    fn complete(
+    fn complete_each(
         &mut self,
-        prompt: &Prompt,
-        max_tokens: usize,
-        grammar: Option<&Grammar>,
-    ) -> Result<Completion> {
-        let options = GenerateOptions {
-            max_tokens,
-            grammar: grammar.cloned(),
-            ..self.options.clone()
-        };
-        self.model.complete(prompt, &options, None)
+        requests: &[Request<'_>],
+        done: &mut dyn FnMut(usize),
+    ) -> Result<Vec<Completion>> {
+        complete_in_turn(requests, done, |request| {
+            let options = GenerateOptions {
+                max_tokens: request.max_tokens,
+                grammar: request.grammar.cloned(),
+                ..self.options.clone()
+            };
+            self.model
+                .complete(request.prompt, &options, request.line_check)
+        })
     }
 
-    fn complete_checking_lines(
-        &mut self,
-        prompt: &Prompt,
-        max_tokens: usize,
-        grammar: Option<&Grammar>,
-        refuse_line: &LineCheck,
-    ) -> Result<Completion> {
-        let options = GenerateOptions {
-            max_tokens,
-            grammar: grammar.cloned(),
-            ..self.options.clone()
-        };
-        self.model.complete(prompt, &options, Some(refuse_line))
-    }
-
-    fn count_tokens(&self, text: &str) -> Result<usize> {
-        Ok(self.model.format.tokenizer().encode(text)?.len())
-    }
-
-    fn prompt_tokens(&self, prompt: &Prompt) -> Result<usize> {
-        let ids = self
-            .model
-            .format
-            .segmented_chat_prompt(prompt.system.as_deref(), &prompt.segments)?;
-        Ok(ids.len())
-    }
-
-    fn context_tokens(&self) -> usize {
-        self.model.format.context_tokens()
-    }
-
-    fn cache_figures(&self) -> CacheFigures {
-        self.model.cache_figures
+    fn info(&self) -> ModelInfo<'_> {
+        ModelInfo {
+            context_tokens: self.model.format.context_tokens(),
+            concurrency: 1,
+            cache_figures: self.model.cache_figures,
+            counter: self.model.format.as_ref(),
+        }
     }
 }
 

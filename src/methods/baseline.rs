@@ -136,14 +136,15 @@ pub fn summarize_alone<'c>(
     words: Option<usize>,
     max_tokens: usize,
 ) -> Result<Vec<(&'c Chunk, Call)>> {
-    let next = &chunks[done.min(chunks.len())..chunks.len().min(done + llm.concurrency().max(1))];
-    let requests: Vec<Request> = next
+    let at_once = llm.info().concurrency.max(1);
+    let next = &chunks[done.min(chunks.len())..chunks.len().min(done + at_once)];
+    let prompts: Vec<Prompt> = next
         .iter()
-        .map(|chunk| Request {
-            prompt: part_prompt(query, chunk, chunks.len(), &[], words),
-            max_tokens,
-            grammar: None,
-        })
+        .map(|chunk| part_prompt(query, chunk, chunks.len(), &[], words))
+        .collect();
+    let requests: Vec<Request> = prompts
+        .iter()
+        .map(|prompt| Request::independent(prompt, max_tokens))
         .collect();
     Ok(next.iter().zip(Call::run_each(llm, &requests)?).collect())
 }

@@ -193,16 +193,17 @@ fn merge(
     at: &[usize],
     no_copy_tokens: Option<usize>,
 ) -> Result<Vec<Call>> {
-    let requests: Vec<Request> = at
+    let prompts: Vec<Prompt> = at
         .iter()
         .map(|&at| {
             let run: Vec<&str> = runs[at].iter().map(String::as_str).collect();
-            Request {
-                prompt: merge_prompt(&run, no_copy_tokens),
-                max_tokens: tokens_for(WORDS_PER_MERGED_SENTENCE * 2),
-                grammar: None,
-            }
+            merge_prompt(&run, no_copy_tokens)
         })
+        .collect();
+    let max_tokens = tokens_for(WORDS_PER_MERGED_SENTENCE * 2);
+    let requests: Vec<Request> = prompts
+        .iter()
+        .map(|prompt| Request::independent(prompt, max_tokens))
         .collect();
     Call::run_each(llm, &requests)
 }
@@ -292,6 +293,8 @@ pub fn last_sentence_end(text: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::llm::remote::CacheFigures;
+    use crate::llm::{complete_in_turn_checking_after, Completion, ModelInfo, TokenCounter};
 
     fn chunk(words: usize) -> Chunk {
         Chunk {
@@ -333,34 +336,54 @@ mod tests {
         masked: Vec<bool>,
     }
 
-    impl Llm for FirstSentence {
-        fn complete(
-            &mut self,
-            prompt: &Prompt,
-            _max_tokens: usize,
-            _grammar: Option<&crate::engine::constraint::Grammar>,
-        ) -> Result<crate::llm::Completion> {
+    impl FirstSentence {
+        fn reply(&mut self, prompt: &Prompt) -> Completion {
             let text = prompt.segments.concat();
             self.prompts.push(text.clone());
             let masked = prompt.source.and_then(|source| source.no_copy_tokens);
             self.masked.push(masked == Some(MERGE_NO_COPY_TOKENS));
             let merged = text.split("\n\n").nth(1).unwrap_or_default();
-            Ok(crate::llm::Completion {
+            Completion {
                 text: match self.copies_unless_masked && masked.is_none() {
                     true => merged.trim().to_string(),
                     false => split_sentences(merged)[0].clone(),
                 },
                 usage: Default::default(),
-            })
+            }
         }
+    }
+
+    impl Llm for FirstSentence {
+        fn complete_each(
+            &mut self,
+            requests: &[Request<'_>],
+            done: &mut dyn FnMut(usize),
+        ) -> Result<Vec<Completion>> {
+            complete_in_turn_checking_after(
+                requests,
+                done,
+                |request| Ok(self.reply(request.prompt)),
+            )
+        }
+        fn info(&self) -> ModelInfo<'_> {
+            ModelInfo {
+                context_tokens: 4096,
+                concurrency: 1,
+                cache_figures: CacheFigures::Measured,
+                counter: &Words,
+            }
+        }
+    }
+
+    /// Tokens counted as words.
+    struct Words;
+
+    impl TokenCounter for Words {
         fn count_tokens(&self, text: &str) -> Result<usize> {
             Ok(words(text))
         }
         fn prompt_tokens(&self, prompt: &Prompt) -> Result<usize> {
             Ok(words(&prompt.segments.concat()))
-        }
-        fn context_tokens(&self) -> usize {
-            4096
         }
     }
 

@@ -389,13 +389,13 @@ pub struct QaScore {
 /// Answer every question of `pairs` from `summary` alone and score the
 /// answers. The questions are independent calls ([`Llm::complete_each`]).
 pub fn score_summary(llm: &mut dyn Llm, summary: &str, pairs: &[QaPair]) -> Result<QaScore> {
-    let requests: Vec<Request> = pairs
+    let prompts: Vec<Prompt> = pairs
         .iter()
-        .map(|pair| Request {
-            prompt: answer_prompt(summary, &pair.question),
-            max_tokens: ANSWER_TOKENS,
-            grammar: None,
-        })
+        .map(|pair| answer_prompt(summary, &pair.question))
+        .collect();
+    let requests: Vec<Request> = prompts
+        .iter()
+        .map(|prompt| Request::independent(prompt, ANSWER_TOKENS))
         .collect();
     let completions = llm.complete_each(&requests, &mut |_| {})?;
     let mut ledger = Ledger::default();

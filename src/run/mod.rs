@@ -4,12 +4,10 @@
 pub mod dir;
 
 use crate::chunk::Chunk;
-use crate::engine::constraint::Grammar;
 use crate::engine::sampling::SamplingConfig;
-use crate::engine::LineCheck;
 use crate::error::{Error, Result, Setting};
 use crate::llm::remote::CacheFigures;
-use crate::llm::{Completion, Llm, Prompt, Request};
+use crate::llm::{Completion, Llm, ModelInfo, Prompt, Request};
 use crate::metrics::copying::{Copying, DocumentWords};
 use crate::metrics::degeneration::{echo_share, repeated_ngram_share};
 use crate::metrics::{Figures, Ledger};
@@ -41,7 +39,7 @@ pub trait Method {
     fn position(&self, state: &Self::State, chunks: &[Chunk]) -> Position;
     /// Do the next unit of work: one model call or a few, or several units
     /// at once when their calls are independent and the model runs calls
-    /// side by side ([`Llm::concurrency`]). It must leave `state` complete,
+    /// side by side ([`ModelInfo::concurrency`]). It must leave `state` complete,
     /// since the run may stop right after it.
     fn advance(
         &self,
@@ -411,7 +409,7 @@ fn write_finish<M: Method>(
             echo_share: Some(echo_share(&summary, &method.template_texts())),
             wall_seconds: saved.seconds,
             sampling: Some(files.sampling.clone()),
-            cache_figures: llm.cache_figures(),
+            cache_figures: llm.info().cache_figures,
         },
         method_figures: finish.figures,
     };
@@ -452,42 +450,15 @@ impl Metered<'_> {
 }
 
 impl Llm for Metered<'_> {
-    fn complete(
-        &mut self,
-        prompt: &Prompt,
-        max_tokens: usize,
-        grammar: Option<&Grammar>,
-    ) -> Result<Completion> {
-        self.check_fits(prompt, max_tokens)?;
-        let completion = self.inner.complete(prompt, max_tokens, grammar)?;
-        self.ledger.record(&completion.usage);
-        Ok(completion)
-    }
-
-    fn complete_checking_lines(
-        &mut self,
-        prompt: &Prompt,
-        max_tokens: usize,
-        grammar: Option<&Grammar>,
-        refuse_line: &LineCheck,
-    ) -> Result<Completion> {
-        self.check_fits(prompt, max_tokens)?;
-        let completion =
-            self.inner
-                .complete_checking_lines(prompt, max_tokens, grammar, refuse_line)?;
-        self.ledger.record(&completion.usage);
-        Ok(completion)
-    }
-
     /// Every prompt is checked before the first call starts, so a batch
     /// that cannot run spends nothing.
     fn complete_each(
         &mut self,
-        requests: &[Request],
+        requests: &[Request<'_>],
         done: &mut dyn FnMut(usize),
     ) -> Result<Vec<Completion>> {
         for request in requests {
-            self.check_fits(&request.prompt, request.max_tokens)?;
+            self.check_fits(request.prompt, request.max_tokens)?;
         }
         let completions = self.inner.complete_each(requests, done)?;
         for completion in &completions {
@@ -496,23 +467,7 @@ impl Llm for Metered<'_> {
         Ok(completions)
     }
 
-    fn concurrency(&self) -> usize {
-        self.inner.concurrency()
-    }
-
-    fn count_tokens(&self, text: &str) -> Result<usize> {
-        self.inner.count_tokens(text)
-    }
-
-    fn prompt_tokens(&self, prompt: &Prompt) -> Result<usize> {
-        self.inner.prompt_tokens(prompt)
-    }
-
-    fn context_tokens(&self) -> usize {
-        self.inner.context_tokens()
-    }
-
-    fn cache_figures(&self) -> CacheFigures {
-        self.inner.cache_figures()
+    fn info(&self) -> ModelInfo<'_> {
+        self.inner.info()
     }
 }

@@ -251,7 +251,7 @@ pub fn score_coherence(
     }
     let grammar = config.constrained.then(verdict_grammar);
     let start = Instant::now();
-    let mut requests = Vec::with_capacity(sentences.len());
+    let mut prompts = Vec::with_capacity(sentences.len());
     for sentence in &sentences {
         let prompt = verdict_prompt(summary, sentence);
         let prompt_tokens = llm.prompt_tokens(&prompt)?;
@@ -264,12 +264,15 @@ pub fn score_coherence(
                 ),
             ));
         }
-        requests.push(Request {
-            prompt,
-            max_tokens: VERDICT_TOKENS,
-            grammar: grammar.clone(),
-        });
+        prompts.push(prompt);
     }
+    let requests: Vec<Request> = prompts
+        .iter()
+        .map(|prompt| Request {
+            grammar: grammar.as_ref(),
+            ..Request::independent(prompt, VERDICT_TOKENS)
+        })
+        .collect();
     // The sentences are judged independently: each prompt is the summary
     // and one sentence.
     let completions = llm.complete_each(&requests, &mut |done| progress(done, sentences.len()))?;
