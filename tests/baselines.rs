@@ -480,7 +480,8 @@ fn whole_config(answer_tokens: usize) -> WholeConfig {
 #[test]
 fn whole_summarizes_every_chunk_in_one_call() {
     let dir = tempfile::tempdir().unwrap();
-    let config = whole_config(900);
+    // Seven words meet a target of eleven: no second call.
+    let config = whole_config(62);
     let chunks = chunks(3);
     let mut llm = ScriptedLlm::new(&["  The ship sails north with its crew.\n"]);
     let (summary, stats, steps) = finish(&Whole::new(&config), &mut llm, &chunks, dir.path());
@@ -497,7 +498,36 @@ fn whole_summarizes_every_chunk_in_one_call() {
     let prompt = llm.prompts[0].segments.join("");
     let at = prompt.find(&document.join("\n\n")).expect("the whole text");
     assert!(prompt[at..].contains(QUERY), "{prompt}");
-    assert_eq!((steps[0].chunks, steps[0].call.max_tokens), (3, 900));
+    assert_eq!((steps[0].chunks, steps[0].call.max_tokens), (3, 62));
+}
+
+#[test]
+fn whole_asks_again_at_length_for_a_summary_well_short_of_its_target() {
+    let config = whole_config(900);
+    let chunks = chunks(3);
+    let short = "The ship sails north.";
+    let long =
+        "The ship sails north into the ice, the crew grows uneasy, and the captain turns back.";
+    let dir = tempfile::tempdir().unwrap();
+    let mut llm = ScriptedLlm::new(&[short, long]);
+    let (summary, stats, _) = finish(&Whole::new(&config), &mut llm, &chunks, dir.path());
+    assert_eq!(summary, long);
+    assert_eq!((stats.run.calls, stats.run.steps), (2, 2));
+    // The second prompt goes on from the first, so the document is a cached prefix.
+    let (first, second) = (&llm.prompts[0], &llm.prompts[1]);
+    assert_eq!(second.segments[..first.segments.len()], first.segments[..]);
+    let asked = second.segments.last().unwrap();
+    assert!(
+        asked.contains(short) && asked.contains("about 430 words"),
+        "{asked}"
+    );
+
+    // A second answer no longer than the first leaves the first.
+    let dir = tempfile::tempdir().unwrap();
+    let mut llm = ScriptedLlm::new(&[short, "Sails."]);
+    let (summary, stats, _) = finish(&Whole::new(&config), &mut llm, &chunks, dir.path());
+    assert_eq!(summary, short);
+    assert_eq!(stats.run.calls, 2);
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! judged against. A document that does not fit is refused, never cut.
 
 use super::baseline::{Call, SYSTEM};
-use super::length::{target_words, to_length, tokens_for};
+use super::length::{target_words, to_length, tokens_for, words};
 use super::AnswerForm;
 use crate::chunk::Chunk;
 use crate::error::{Error, Result};
@@ -29,6 +29,9 @@ pub struct WholeConfig {
 pub struct WholeState {
     /// The summary, once the call is made.
     pub summary: Option<String>,
+    /// Whether a summary well short of its target was asked for again at length.
+    #[serde(default)]
+    pub lengthened: bool,
 }
 
 /// The one call, as a line of `steps.jsonl`.
@@ -42,6 +45,12 @@ pub struct Step {
 
 /// The system turn of a direct answer: the summaries' turn would ask for prose.
 const QUERY_SYSTEM: &str = "You answer questions about a document exactly and briefly.";
+
+/// A summary shorter than this share of its target is asked for again at
+/// length. Asked for 150 words of a play's first act, Qwen2.5-Coder-1.5B
+/// wrote 79, and for 514 it wrote 102; a method that answers in half its
+/// target cannot be compared with one that meets it.
+const SHORT_SHARE: f64 = 0.6;
 
 /// One call over the whole document.
 pub struct Whole<'a> {
@@ -59,6 +68,20 @@ impl<'a> Whole<'a> {
             AnswerForm::Summary => tokens_for(target_words(self.config.summary_words, chunks)),
             AnswerForm::Direct => self.config.answer_tokens,
         }
+    }
+
+    /// The prompt that asks again, at length, for a `summary` well short of
+    /// its target: the first prompt, so the document is a cached prefix,
+    /// with the short summary and the request to write it out fully.
+    pub fn lengthen_prompt(&self, chunks: &[Chunk], summary: &str) -> Prompt {
+        let target = target_words(self.config.summary_words, chunks);
+        let mut prompt = self.prompt(chunks);
+        prompt.segments.push(format!(
+            "\n\nA first summary, of {} words:\n{}\n\nIt is too short. Write the summary again in about {target} words: keep what it says, and add the events, the people and the outcomes it leaves out. Output only the summary.",
+            words(summary),
+            summary.trim()
+        ));
+        prompt
     }
 
     /// The prompt that summarizes the document of `chunks`: the document
@@ -101,7 +124,7 @@ impl Method for Whole<'_> {
     }
 
     fn template_texts(&self) -> Vec<String> {
-        prompt_texts(&[self.prompt(&[])])
+        prompt_texts(&[self.prompt(&[]), self.lengthen_prompt(&[], "")])
     }
 
     fn start(&self, _chunks: &[Chunk]) -> WholeState {
@@ -135,6 +158,22 @@ impl Method for Whole<'_> {
                 }));
             }
             let target = target_words(self.config.summary_words, chunks);
+            let lengthen = self.lengthen_prompt(chunks, summary);
+            let answer_tokens = self.answer_tokens(chunks);
+            if !state.lengthened
+                && (words(summary) as f64) < target as f64 * SHORT_SHARE
+                && llm.prompt_tokens(&lengthen)? + answer_tokens <= llm.context_tokens()
+            {
+                let call = Call::run(llm, &lengthen, answer_tokens)?;
+                if words(call.summary()) > words(summary) {
+                    state.summary = Some(call.summary().to_string());
+                }
+                state.lengthened = true;
+                return Ok(Advance::Step(Step {
+                    chunks: chunks.len(),
+                    call,
+                }));
+            }
             return Ok(Advance::Done(Finish {
                 summary: to_length(llm, summary, target)?.text,
                 summary_words_target: Some(target),
@@ -198,9 +237,10 @@ mod tests {
     fn its_template_has_no_document_text() {
         let config = config();
         let texts = Whole::new(&config).template_texts();
-        assert_eq!(texts.len(), 3, "{texts:?}");
+        assert_eq!(texts.len(), 4, "{texts:?}");
         assert_eq!(texts[0], SYSTEM);
         assert_eq!(texts[1], "## Document");
         assert!(texts[2].starts_with("## Request\nSummarize the story."));
+        assert!(texts[3].starts_with("A first summary, of 0 words:"));
     }
 }
