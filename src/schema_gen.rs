@@ -232,7 +232,7 @@ const GRAMMAR_DEPTH: usize = 3;
 const MAX_DESCRIPTION_CHARS: usize = 400;
 
 /// A JSON Schema of the schemas [`Schema`] accepts, without `$defs`/`$ref`
-/// and nested at most [`GRAMMAR_DEPTH`] levels: the root is an object with a
+/// and nested at most `GRAMMAR_DEPTH` levels: the root is an object with a
 /// title and a description; below it, objects, lists and scalars. Decoding
 /// under it, even a small model writes a JSON schema; the checks a grammar
 /// cannot express (`required` naming declared keys, a memory with room to

@@ -114,7 +114,7 @@ pub struct SideBySideFigures {
     pub decode_tokens_per_second: f64,
 }
 
-/// [`measure_side_by_side_once`] for each count of `sequences`, best of
+/// `measure_side_by_side_once` for each count of `sequences`, best of
 /// `repeats` runs each. The counts take turns within each round, so that a
 /// shared host's slow minutes fall on all of them alike rather than on the
 /// one measured then: a ratio of two counts is only as good as that.

@@ -323,7 +323,7 @@ impl Engine {
     /// Another engine on the same weights, with caches of its own and the
     /// same settings, for a sequence that runs beside this one's on another
     /// thread. From the first sibling on, the decode steps of all of them
-    /// that coincide run as one batched forward pass (see [`batch`]), so
+    /// that coincide run as one batched forward pass (see `engine::batch`), so
     /// sequences decoding side by side cost little more than one.
     pub fn sibling(&mut self) -> Result<Engine> {
         let model = self.model.share()?;

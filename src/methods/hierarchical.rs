@@ -154,7 +154,7 @@ impl<'a> Hierarchical<'a> {
         }
     }
 
-    /// The prompt that merges `summaries` (already rendered by [`merged_segment`]),
+    /// The prompt that merges `summaries` (already rendered by `merged_segment`),
     /// after `context` (the previous merge of this level) when given.
     pub fn merge_prompt(
         &self,

@@ -65,7 +65,7 @@ pub struct PypiPart {
 }
 
 impl Manifest {
-    /// Where [`fetch`] puts this model's file (it may not be there yet).
+    /// Where [`fetch`](super::fetch::fetch) puts this model's file (it may not be there yet).
     pub fn path(&self) -> PathBuf {
         models_dir().join(&self.file)
     }

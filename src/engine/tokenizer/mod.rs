@@ -1,5 +1,5 @@
 //! A model's tokenizer: text ↔ token ids, built from a Hugging Face `tokenizer.json`
-//! ([`hf`]) or from the `tokenizer.ggml.*` metadata of a GGUF file ([`gguf`]).
+//! (`hf.rs`) or from the `tokenizer.ggml.*` metadata of a GGUF file (`gguf.rs`).
 
 mod gguf;
 mod hf;

@@ -287,7 +287,7 @@ fn key_names(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// The constraint of a chain-of-key output (see [`chain_grammar`]), in Lark
+/// The constraint of a chain-of-key output (see `chain_grammar`), in Lark
 /// and, for servers of the llama.cpp family, in GBNF. A schema whose key
 /// pattern GBNF cannot express gets the Lark grammar alone.
 pub fn chain_constraint(

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 impl Prism<'_> {
     /// Write the final answer from the memory: the query answered from
     /// the whole memory, or a summary of about the target length that says
-    /// who is in the document ([`cast_and_notes`]) and then condenses the
+    /// who is in the document (`cast_and_notes`) and then condenses the
     /// other notes in order.
     pub fn answer(&self, llm: &mut dyn Llm, state: &PrismState, target: usize) -> Result<String> {
         if self.config.answer_form == AnswerForm::Direct {
