@@ -1,0 +1,1 @@
+{"context_tokens": 512, "prefill_tokens_per_second": 38.00000466629377, "decode_tokens_per_second": 2.348825448374005, "decode_steps": 64, "warm_90_seconds": 1.470930249997764, "cold_seconds": 13.473682555995765, "peak_rss_bytes": 203509760}

@@ -1,0 +1,1 @@
+{"context_tokens":512,"prefill_tokens_per_second":120.33820140507103,"decode_tokens_per_second":39.878131557625764,"decode_steps":64,"warm_90_seconds":0.580530006,"cold_seconds":4.254675523,"peak_rss_bytes":160268288}
