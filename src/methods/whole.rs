@@ -158,21 +158,21 @@ impl Method for Whole<'_> {
                 }));
             }
             let target = target_words(self.config.summary_words, chunks);
-            let lengthen = self.lengthen_prompt(chunks, summary);
-            let answer_tokens = self.answer_tokens(chunks);
-            if !state.lengthened
-                && (words(summary) as f64) < target as f64 * SHORT_SHARE
-                && llm.prompt_tokens(&lengthen)? + answer_tokens <= llm.context_tokens()
-            {
-                let call = Call::run(llm, &lengthen, answer_tokens)?;
-                if words(call.summary()) > words(summary) {
-                    state.summary = Some(call.summary().to_string());
+            if !state.lengthened && (words(summary) as f64) < target as f64 * SHORT_SHARE {
+                // Built only when needed: the prompt holds a copy of the whole document.
+                let lengthen = self.lengthen_prompt(chunks, summary);
+                let answer_tokens = self.answer_tokens(chunks);
+                if llm.prompt_tokens(&lengthen)? + answer_tokens <= llm.context_tokens() {
+                    let call = Call::run(llm, &lengthen, answer_tokens)?;
+                    if words(call.summary()) > words(summary) {
+                        state.summary = Some(call.summary().to_string());
+                    }
+                    state.lengthened = true;
+                    return Ok(Advance::Step(Step {
+                        chunks: chunks.len(),
+                        call,
+                    }));
                 }
-                state.lengthened = true;
-                return Ok(Advance::Step(Step {
-                    chunks: chunks.len(),
-                    call,
-                }));
             }
             return Ok(Advance::Done(Finish {
                 summary: to_length(llm, summary, target)?.text,
