@@ -37,10 +37,11 @@ pub struct EngineArgs {
     pub cache_bytes: Option<usize>,
     /// Also keep the KV of each generated sequence on disk in DIR, and start a prompt from
     /// the stored prefix that matches most of it: a resumed run, or a second process with the
-    /// same instructions, does not encode that prefix again. Entries are checked before use.
+    /// same instructions, does not encode that prefix again. Sequences are stored in blocks of
+    /// 256 tokens that shared prefixes share; blocks are checked before use (see `prism cache`).
     #[arg(long, value_name = "DIR")]
     pub prompt_cache: Option<std::path::PathBuf>,
-    /// The most disk --prompt-cache may take (`512M`, `8G`); the least recently used entries go first.
+    /// The most disk --prompt-cache may take (`512M`, `8G`); the least recently used blocks go first.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "4G", requires = "prompt_cache")]
     pub prompt_cache_size: usize,
     /// Weights for multi-token prefill: `dense` (an f32 copy of each weight candle multiplies:

@@ -42,8 +42,8 @@ pub struct EngineConfig {
     /// the shared passes, beside the other sequences' rows.
     pub draft_tokens: usize,
     /// Keep the KV of each generation's sequence on disk as well, and start
-    /// a prompt from the stored entry that shares the most of it when memory
-    /// holds less.
+    /// a prompt from the stored chain of blocks that shares the most of it
+    /// when memory holds less.
     pub prompt_cache: Option<PromptCacheConfig>,
 }
 
@@ -66,11 +66,11 @@ impl EngineConfig {
     }
 }
 
-/// Where the prompt cache keeps its entries, and how much disk they may take.
+/// Where the prompt cache keeps its blocks, and how much disk they may take.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PromptCacheConfig {
     pub dir: PathBuf,
-    /// The least recently used entries go first past it.
+    /// The least recently used blocks go first past it (never one a kept block follows).
     pub budget_bytes: u64,
 }
 

@@ -377,6 +377,12 @@ impl KvCache {
         Ok(())
     }
 
+    /// `(kv_heads, row_width)`: the rows each layer stores per position,
+    /// and their width in the storage dtype.
+    pub(crate) fn row_shape(&self) -> (usize, usize) {
+        (self.kv_heads, self.row_width())
+    }
+
     pub fn layer_count(&self) -> usize {
         self.layers.len()
     }

@@ -488,7 +488,7 @@ impl Engine {
     }
 
     /// When the prompt cache on disk holds more of `prompt` than the `shared`
-    /// tokens in memory, load its entry into the active slot, and return how
+    /// tokens in memory, load its blocks into the active slot, and return how
     /// many tokens that adds. The disk only ever saves work: when it cannot
     /// be read the prompt is computed as if it were not there.
     fn restore_from_disk(&mut self, prompt: &[u32], shared: usize) -> usize {
@@ -511,11 +511,12 @@ impl Engine {
         }
         let slot = self.slots.active_mut();
         match disk.restore(&hit, &mut slot.cache) {
-            Ok(true) => {
+            Ok(0) => 0,
+            // Only a restore longer than the `shared` tokens loads anything.
+            Ok(restored) => {
                 slot.prompt_logits = None;
-                hit.matched - shared
+                restored.saturating_sub(shared)
             }
-            Ok(false) => 0,
             Err(err) => {
                 tracing::warn!("prompt cache: not read: {err}");
                 0

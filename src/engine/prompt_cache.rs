@@ -1,56 +1,50 @@
 //! A KV cache on disk, so that a prefix one process encoded is restored by the
 //! next (a resumed run, a run with the same instructions) instead of encoded again.
+//!
+//! Sequences are stored as chains of blocks of [`BLOCK_TOKENS`] tokens, each
+//! block a file named by a hash of everything before it (see
+//! [`block`](self::block)), so sequences that share a prefix share its files
+//! and storing a longer sequence writes only the blocks it adds. An index per
+//! model folder lists the blocks, locked across processes (see `index`).
+
+mod block;
+mod index;
+pub mod survey;
+
+pub use block::Geometry;
 
 use super::kv_cache::{common_prefix, KvCache, KvDtype};
-use crate::error::{Error, Result};
-use candle_core::safetensors::Load;
-use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
-use std::collections::HashMap;
-use std::io::Write;
+use crate::error::{CandleContext, Error, Result};
+use block::{Expected, FORMAT};
+use index::{BlockEntry, Index, Loaded};
 use std::path::{Path, PathBuf};
 
-const INDEX: &str = "index.json";
-const FORMAT: &str = "prism-kv-1";
+/// Tokens per block. Small enough that a prompt diverging from a stored one
+/// loses little of the shared part to its last, partly matching block (a
+/// 256-token block of SmolLM2's f32 KV is 16 MiB), large enough that a
+/// context of thousands of tokens is a few dozen files and index entries.
+pub const BLOCK_TOKENS: usize = 256;
 
-/// Where the entries of one model live, and how many bytes they may take.
+/// Where the blocks of one model live, and how many bytes they may take.
 #[derive(Debug, Clone)]
 pub struct PromptCache {
     dir: PathBuf,
     budget_bytes: u64,
     model_sha256: String,
+    kv_dtype: KvDtype,
 }
 
-/// One stored sequence, as the index lists it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Entry {
-    /// The file's name without `.safetensors`: the sha256 of its token ids.
-    key: String,
-    tokens: Vec<u32>,
-    bytes: u64,
-    /// Of the whole file.
-    sha256: String,
-    /// The index's clock when the entry was last stored or restored.
-    last_used: u64,
-}
-
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct Index {
-    format: String,
-    clock: u64,
-    entries: Vec<Entry>,
-}
-
-/// A stored prefix that matches a prompt.
+/// A stored chain of blocks that matches a prompt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hit {
-    key: String,
-    /// Tokens of the prompt the entry holds, from the start.
+    /// The chain's blocks, from the first.
+    blocks: Vec<String>,
+    /// Tokens of the prompt the chain holds, from the start.
     pub matched: usize,
 }
 
 impl Hit {
-    /// The same entry, restoring only its first `len` matching tokens.
+    /// The same chain, restoring only its first `len` matching tokens.
     pub fn shortened(self, len: usize) -> Hit {
         Hit {
             matched: self.matched.min(len),
@@ -60,278 +54,313 @@ impl Hit {
 }
 
 impl PromptCache {
-    /// The cache of the model whose weights hash to `model_sha256`, in `root`,
-    /// keeping at most `budget_bytes` of entries. Creates the directory.
+    /// The cache of the model whose weights hash to `model_sha256`, with
+    /// `kv_dtype` keys and values, in `root`, keeping at most `budget_bytes`
+    /// of blocks. Creates the model's folder.
     pub fn open(
         root: &Path,
         budget_bytes: u64,
         model_sha256: &str,
         kv_dtype: KvDtype,
     ) -> Result<Self> {
-        // A cache of another dtype is another model's as far as entries go:
-        // its own folder, and its name in each file's metadata.
-        let model = match kv_dtype {
-            KvDtype::F32 => model_sha256.to_string(),
-            other => format!("{model_sha256}-{}", other.name()),
+        let short = model_sha256.get(..16).unwrap_or(model_sha256);
+        // A cache of another dtype is another model's as far as blocks go:
+        // its own folder, and its dtype in each block's key.
+        let folder = match kv_dtype {
+            KvDtype::F32 => short.to_string(),
+            other => format!("{short}-{}", other.name()),
         };
-        let short = match kv_dtype {
-            KvDtype::F32 => model_sha256.get(..16).unwrap_or(model_sha256).to_string(),
-            other => format!(
-                "{}-{}",
-                model_sha256.get(..16).unwrap_or(model_sha256),
-                other.name()
-            ),
-        };
-        let dir = root.join(short);
+        let dir = root.join(folder);
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         Ok(PromptCache {
             dir,
             budget_bytes,
-            model_sha256: model,
+            model_sha256: model_sha256.to_string(),
+            kv_dtype,
         })
     }
 
-    /// The stored entry sharing the longest prefix with `prompt`, if any
+    /// The stored chain sharing the longest prefix with `prompt`, if any
     /// shares at least one token.
     pub fn longest_prefix(&self, prompt: &[u32]) -> Result<Option<Hit>> {
+        let _locked = index::lock(&self.dir)?;
         let index = self.read_index()?;
-        Ok(index
-            .entries
-            .iter()
-            .map(|entry| Hit {
-                key: entry.key.clone(),
-                matched: common_prefix(&entry.tokens, prompt),
-            })
-            .filter(|hit| hit.matched > 0)
-            .max_by_key(|hit| hit.matched))
+        let chain = index.lookup(prompt, BLOCK_TOKENS, |parent, tokens| {
+            self.key(parent, tokens)
+        });
+        let matched = chain.iter().map(|(_, used)| used).sum();
+        Ok((matched > 0).then(|| Hit {
+            blocks: chain.into_iter().map(|(key, _)| key).collect(),
+            matched,
+        }))
     }
 
-    /// Fill `cache` with the first `hit.matched` positions of the entry, after
-    /// checking it. `Ok(false)` when the entry is gone or fails a check; a
-    /// failing entry is deleted, and `cache` is left as it was.
-    pub fn restore(&self, hit: &Hit, cache: &mut KvCache) -> Result<bool> {
+    /// Fill `cache` with the first `hit.matched` tokens of the chain, checking
+    /// each block first, and return how many tokens it now holds from the
+    /// chain. A block that fails a check is deleted with the blocks after
+    /// it, and only the blocks before it are restored. Returns 0, leaving
+    /// `cache` as it was, when that is no more than `cache` already holds.
+    pub fn restore(&self, hit: &Hit, cache: &mut KvCache) -> Result<usize> {
+        let _locked = index::lock(&self.dir)?;
         let mut index = self.read_index()?;
-        let Some(position) = index.entries.iter().position(|e| e.key == hit.key) else {
-            return Ok(false);
-        };
-        let entry = &index.entries[position];
-        let path = self.path_of(&entry.key);
-        match self.read_entry(&path, entry, hit.matched, cache) {
-            Ok(layers) => {
-                if let Err(err) = cache.load_prefix(&entry.tokens[..hit.matched], &layers) {
-                    tracing::warn!(
-                        "prompt cache: {} does not fit this model: {err}; removed",
-                        path.display()
-                    );
-                    self.remove(&mut index, position)?;
-                    return Ok(false);
+        let geometry = geometry_of(cache);
+        let mut tokens: Vec<u32> = Vec::new();
+        let mut parts: Vec<block::Layers> = Vec::new();
+        let mut used_keys: Vec<String> = Vec::new();
+        let mut changed = false;
+        for key in &hit.blocks {
+            let want = hit.matched - tokens.len();
+            let Some(entry) = index.blocks.get(key).filter(|_| want > 0).cloned() else {
+                break;
+            };
+            let parent = used_keys.last().map(String::as_str);
+            let used = want.min(entry.tokens.len());
+            match self.read_block(key, &entry, parent, geometry, used, cache) {
+                Ok(layers) => {
+                    tokens.extend_from_slice(&entry.tokens[..used]);
+                    parts.push(layers);
+                    used_keys.push(key.clone());
                 }
-                index.clock += 1;
-                index.entries[position].last_used = index.clock;
-                self.write_index(&index)?;
-                Ok(true)
-            }
-            Err(reason) => {
-                tracing::warn!(
-                    "prompt cache: refused {}: {reason}; removed",
-                    path.display()
-                );
-                self.remove(&mut index, position)?;
-                Ok(false)
+                Err(reason) => {
+                    tracing::warn!(
+                        "prompt cache: refused {}: {reason}; removed",
+                        self.path_of(key).display()
+                    );
+                    self.remove_chain_from(&mut index, key);
+                    changed = true;
+                    break;
+                }
             }
         }
+        let gain = tokens.len() > cache.common_prefix(&tokens);
+        if gain {
+            cache.load_prefix(&tokens, &concatenate(parts)?)?;
+            index.touch(&used_keys);
+        }
+        if gain || changed {
+            index.save(&self.dir)?;
+        }
+        Ok(if gain { tokens.len() } else { 0 })
     }
 
-    /// Store every position of `cache`, unless an entry already holds them
-    /// (or more after them). Entries that `cache` extends are replaced, and
-    /// the least recently used go until the total fits the budget. A
-    /// sequence larger than the whole budget is not stored.
+    /// Store every position of `cache` as a chain of blocks, writing only
+    /// the blocks not stored yet, then drop least recently used blocks
+    /// until the total fits the budget. A chain is stored only as far as
+    /// its blocks fit the budget together.
     pub fn store(&self, cache: &KvCache) -> Result<()> {
         let tokens = cache.tokens();
         if tokens.is_empty() {
             return Ok(());
         }
+        let _locked = index::lock(&self.dir)?;
         let mut index = self.read_index()?;
-        if index.entries.iter().any(|e| e.tokens.starts_with(tokens)) {
-            return Ok(());
+        let geometry = geometry_of(cache);
+        if index.geometry.is_some_and(|stored| stored != geometry) {
+            tracing::warn!(
+                "prompt cache: {} holds blocks of another shape; starting afresh",
+                self.dir.display()
+            );
+            index = self.fresh_index();
         }
-        let bytes = self.encode(cache)?;
-        if bytes.len() as u64 > self.budget_bytes {
-            return Ok(());
+        index.geometry = Some(geometry);
+        let mut layers = None;
+        let mut chain: Vec<String> = Vec::new();
+        let mut chain_bytes = 0;
+        for (start, block_tokens) in (0..).step_by(BLOCK_TOKENS).zip(tokens.chunks(BLOCK_TOKENS)) {
+            let parent = chain.last().map(String::as_str);
+            let key = self.key(parent, block_tokens);
+            if let Some(stored) = index.blocks.get(&key) {
+                chain_bytes += stored.bytes;
+                chain.push(key);
+                continue;
+            }
+            // A block that a stored one already holds, and more after it.
+            let longer = index
+                .children(parent)
+                .find(|(_, child)| child.tokens.starts_with(block_tokens))
+                .map(|(key, _)| key.clone());
+            if let Some(longer) = longer {
+                chain.push(longer);
+                break;
+            }
+            // Read once, and only when some block is new.
+            if layers.is_none() {
+                layers = Some(cache.prefix_tensors(cache.len())?);
+            }
+            let all = layers.as_ref().expect("the prefix tensors were just read");
+            let bytes = self.encode_block(parent, block_tokens, geometry, all, start)?;
+            if chain_bytes + bytes.len() as u64 > self.budget_bytes {
+                break;
+            }
+            // Partial blocks this one extends hold nothing it does not.
+            let shorter: Vec<String> = index
+                .children(parent)
+                .filter(|(_, child)| block_tokens.starts_with(&child.tokens))
+                .map(|(key, _)| key.clone())
+                .collect();
+            for key in shorter {
+                self.remove_chain_from(&mut index, &key);
+            }
+            let path = self.path_of(&key);
+            index::write_atomically(&self.dir, &path, &bytes)?;
+            let entry = BlockEntry {
+                parent: parent.map(str::to_string),
+                tokens: block_tokens.to_vec(),
+                bytes: bytes.len() as u64,
+                last_used: 0,
+                used_at_unix: 0,
+            };
+            index.blocks.insert(key.clone(), entry);
+            chain_bytes += bytes.len() as u64;
+            chain.push(key);
         }
-        let key = token_key(tokens);
-        let path = self.path_of(&key);
-        let mut file =
-            tempfile::NamedTempFile::new_in(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
-        file.write_all(&bytes).map_err(|e| Error::io(&path, e))?;
-        file.persist(&path).map_err(|e| Error::io(&path, e.error))?;
-        let mut superseded: Vec<usize> = (0..index.entries.len())
-            .filter(|&i| tokens.starts_with(&index.entries[i].tokens))
-            .collect();
-        superseded.sort_unstable_by(|a, b| b.cmp(a));
-        for position in superseded {
-            self.remove_file(&index.entries.remove(position).key);
+        index.touch(&chain);
+        for key in index.evictions(self.budget_bytes) {
+            index.blocks.remove(&key);
+            self.remove_file(&key);
         }
-        index.clock += 1;
-        index.entries.push(Entry {
-            key,
-            tokens: tokens.to_vec(),
-            bytes: bytes.len() as u64,
-            sha256: format!("{:x}", Sha256::digest(&bytes)),
-            last_used: index.clock,
-        });
-        while index.entries.iter().map(|e| e.bytes).sum::<u64>() > self.budget_bytes {
-            let oldest = (0..index.entries.len())
-                .min_by_key(|&i| index.entries[i].last_used)
-                .expect("over budget means at least one entry");
-            self.remove_file(&index.entries.remove(oldest).key);
-        }
-        self.write_index(&index)
+        index.save(&self.dir)
     }
 
-    /// The file's bytes: each layer's keys `k.N` and values `v.N`, and
-    /// metadata naming the format, the model and the tokens.
-    fn encode(&self, cache: &KvCache) -> Result<Vec<u8>> {
-        let layers = cache.prefix_tensors(cache.len())?;
-        let named: Vec<(String, &candle_core::Tensor)> = layers
-            .iter()
-            .enumerate()
-            .flat_map(|(layer, (keys, values))| {
-                [(format!("k.{layer}"), keys), (format!("v.{layer}"), values)]
-            })
-            .collect();
-        let metadata = HashMap::from([
-            ("format".to_string(), FORMAT.to_string()),
-            ("model_sha256".to_string(), self.model_sha256.clone()),
-            ("tokens_sha256".to_string(), token_key(cache.tokens())),
-        ]);
-        safetensors::serialize(named, Some(metadata))
-            .map_err(|e| Error::invalid("prompt cache entry", e.to_string()))
+    fn key(&self, parent: Option<&str>, tokens: &[u32]) -> String {
+        block::key(&self.model_sha256, self.kv_dtype, parent, tokens)
     }
 
-    /// The first `len` positions of each layer of the entry at `path`, after
-    /// checking its bytes against the index and its metadata against this
-    /// model and the entry's tokens. The error is the reason to refuse it.
-    fn read_entry(
+    fn expected<'a>(
+        &'a self,
+        parent: Option<&'a str>,
+        tokens: &'a [u32],
+        geometry: Geometry,
+    ) -> Expected<'a> {
+        Expected {
+            model_sha256: &self.model_sha256,
+            kv_dtype: self.kv_dtype,
+            parent,
+            tokens,
+            geometry,
+        }
+    }
+
+    /// The file's bytes of the block of `tokens` at `start` in `layers`.
+    fn encode_block(
         &self,
-        path: &Path,
-        entry: &Entry,
-        len: usize,
+        parent: Option<&str>,
+        tokens: &[u32],
+        geometry: Geometry,
+        layers: &[(candle_core::Tensor, candle_core::Tensor)],
+        start: usize,
+    ) -> Result<Vec<u8>> {
+        let part = |t: &candle_core::Tensor| t.narrow(2, start, tokens.len())?.contiguous();
+        let block: Vec<_> = layers
+            .iter()
+            .map(|(keys, values)| Ok((part(keys)?, part(values)?)))
+            .collect::<candle_core::Result<_>>()
+            .context("cutting a prompt cache block")?;
+        self.expected(parent, tokens, geometry)
+            .encode(&block)
+            .map_err(|reason| Error::invalid("prompt cache block", reason))
+    }
+
+    /// The block `key` (which the index lists as `entry`, after `parent`)
+    /// checked and narrowed to its first `used` tokens, on `cache`'s device.
+    /// The error is the reason to refuse it.
+    fn read_block(
+        &self,
+        key: &str,
+        entry: &BlockEntry,
+        parent: Option<&str>,
+        geometry: Geometry,
+        used: usize,
         cache: &KvCache,
-    ) -> std::result::Result<Vec<(candle_core::Tensor, candle_core::Tensor)>, String> {
-        let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
-        if format!("{:x}", Sha256::digest(&bytes)) != entry.sha256 {
-            return Err("its bytes do not match the sha256 recorded when it was stored".into());
+    ) -> std::result::Result<block::Layers, String> {
+        if entry.parent.as_deref() != parent {
+            return Err("the index places it after another block".into());
         }
-        let file = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| e.to_string())?;
-        let (_, header) =
-            safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| e.to_string())?;
-        let metadata = header.metadata().clone().unwrap_or_default();
-        let field = |name: &str| metadata.get(name).map(String::as_str);
-        if field("format") != Some(FORMAT) {
-            return Err("it is not a prism KV file".into());
+        let expected = self.expected(parent, &entry.tokens, geometry);
+        if expected.key() != key {
+            return Err("its key is not the hash of what the index says it holds".into());
         }
-        if field("model_sha256") != Some(self.model_sha256.as_str()) {
-            return Err("it was computed by another model".into());
-        }
-        if field("tokens_sha256") != Some(token_key(&entry.tokens).as_str()) {
-            return Err("it holds another token sequence than the index says".into());
-        }
-        let layers = cache.layer_count();
-        // Loaded where the cache lives: a GPU cache refused CPU tensors.
-        let tensor = |name: String| -> std::result::Result<candle_core::Tensor, String> {
-            let view = file.tensor(&name).map_err(|e| format!("{name}: {e}"))?;
-            let tensor = view
-                .load(cache.device())
-                .map_err(|e| format!("{name}: {e}"))?;
-            let prefix = tensor.narrow(2, 0, len).and_then(|t| t.contiguous());
-            prefix.map_err(|e| format!("{name}: {e}"))
-        };
-        if file.len() != 2 * layers {
-            return Err(format!(
-                "it holds {} tensors where this model has {layers} layers of keys and values",
-                file.len()
-            ));
-        }
-        (0..layers)
-            .map(|layer| Ok((tensor(format!("k.{layer}"))?, tensor(format!("v.{layer}"))?)))
-            .collect()
+        let bytes = std::fs::read(self.path_of(key)).map_err(|e| e.to_string())?;
+        expected.decode(&bytes, used, cache.device())
     }
 
     fn path_of(&self, key: &str) -> PathBuf {
-        self.dir.join(format!("{key}.safetensors"))
+        block_path(&self.dir, key)
     }
 
-    fn remove(&self, index: &mut Index, position: usize) -> Result<()> {
-        self.remove_file(&index.entries.remove(position).key);
-        self.write_index(index)
+    /// Drop `key` and the blocks after it from `index`, with their files.
+    fn remove_chain_from(&self, index: &mut Index, key: &str) {
+        for removed in index.remove_chain_from(key) {
+            self.remove_file(&removed);
+        }
     }
 
-    /// Delete an entry's file; one already gone is no loss.
+    /// Delete a block's file; one already gone is no loss.
     fn remove_file(&self, key: &str) {
         let _ = std::fs::remove_file(self.path_of(key));
     }
 
-    /// The index, or an empty one when there is none or it cannot be read:
-    /// then the files it named are unknown, and are deleted rather than trusted.
+    /// The index, or a fresh one when there is none, or when it cannot be
+    /// read or is another model's: then the blocks it named are unknown,
+    /// and are deleted rather than trusted. The caller holds the lock.
     fn read_index(&self) -> Result<Index> {
-        let path = self.dir.join(INDEX);
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(self.fresh_index()),
-            Err(e) => return Err(Error::io(&path, e)),
+        let problem = match Index::load(&self.dir, FORMAT)? {
+            Loaded::Missing => return Ok(self.fresh_index()),
+            Loaded::Found(index)
+                if index.model_sha256 == self.model_sha256
+                    && index.kv_dtype == self.kv_dtype.name() =>
+            {
+                return Ok(index)
+            }
+            Loaded::Found(_) => "it belongs to another model or KV dtype".to_string(),
+            Loaded::Unreadable(reason) => reason,
         };
-        match serde_json::from_str::<Index>(&text) {
-            Ok(index) if index.format == FORMAT => Ok(index),
-            _ => {
-                tracing::warn!(
-                    "prompt cache: {} is unreadable; starting afresh",
-                    path.display()
-                );
-                Ok(self.fresh_index())
-            }
-        }
+        tracing::warn!(
+            "prompt cache: {} is not usable ({problem}); its blocks are removed",
+            self.dir.join(index::INDEX).display()
+        );
+        let index = self.fresh_index();
+        index.save(&self.dir)?;
+        Ok(index)
     }
 
-    /// An empty index, with every entry file in the directory deleted: with
-    /// no index to vouch for them they would only take space.
+    /// An empty index, with every block file in the folder deleted: with no
+    /// index to vouch for them they would only take space.
     fn fresh_index(&self) -> Index {
-        if let Ok(listing) = std::fs::read_dir(&self.dir) {
-            for file in listing.flatten() {
-                if file
-                    .path()
-                    .extension()
-                    .is_some_and(|ext| ext == "safetensors")
-                {
-                    let _ = std::fs::remove_file(file.path());
-                }
-            }
+        for path in index::block_store_files(&self.dir) {
+            let _ = std::fs::remove_file(path);
         }
-        Index {
-            format: FORMAT.to_string(),
-            ..Index::default()
-        }
-    }
-
-    fn write_index(&self, index: &Index) -> Result<()> {
-        let path = self.dir.join(INDEX);
-        let json = serde_json::to_vec(index)
-            .map_err(|e| Error::invalid("prompt cache index", e.to_string()))?;
-        let mut file =
-            tempfile::NamedTempFile::new_in(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
-        file.write_all(&json).map_err(|e| Error::io(&path, e))?;
-        file.persist(&path).map_err(|e| Error::io(&path, e.error))?;
-        Ok(())
+        Index::new(FORMAT, &self.model_sha256, self.kv_dtype.name())
     }
 }
 
-/// The hex sha256 of a token sequence (its ids as little-endian u32).
-fn token_key(tokens: &[u32]) -> String {
-    let mut hasher = Sha256::new();
-    for token in tokens {
-        hasher.update(token.to_le_bytes());
+fn block_path(dir: &Path, key: &str) -> PathBuf {
+    dir.join(format!("{key}.safetensors"))
+}
+
+fn geometry_of(cache: &KvCache) -> Geometry {
+    let (kv_heads, row_width) = cache.row_shape();
+    Geometry {
+        layers: cache.layer_count(),
+        kv_heads,
+        row_width,
     }
-    format!("{:x}", hasher.finalize())
+}
+
+/// The blocks' keys and values as one tensor per layer, in order.
+fn concatenate(parts: Vec<block::Layers>) -> Result<block::Layers> {
+    let Some(layers) = parts.first().map(Vec::len) else {
+        return Ok(Vec::new());
+    };
+    (0..layers)
+        .map(|layer| {
+            let keys: Vec<_> = parts.iter().map(|p| p[layer].0.clone()).collect();
+            let values: Vec<_> = parts.iter().map(|p| p[layer].1.clone()).collect();
+            let joined = candle_core::Tensor::cat(&keys, 2)
+                .and_then(|keys| Ok((keys, candle_core::Tensor::cat(&values, 2)?)));
+            joined.context("joining prompt cache blocks")
+        })
+        .collect()
 }
 
 #[cfg(test)]
