@@ -2,7 +2,9 @@
 //! which then encode only what a process that never stopped would have.
 
 use crate::common::{run_prism, tiny_chat_model, words_document};
-use std::path::Path;
+use prism::engine::source::ModelSource;
+use prism::engine::{Engine, EngineConfig, GenerateOptions, PromptCacheConfig};
+use std::path::{Path, PathBuf};
 
 /// `prism summarize` of the words document with PRISM and small budgets.
 fn summarize(model: &Path, doc: &Path, out: &Path, extra: &[&str]) {
@@ -127,4 +129,116 @@ fn a_second_process_restores_the_shared_instructions_from_disk() {
         count(&cold, "net_tokens")
     );
     assert_eq!(second["text"], cold["text"]);
+}
+
+/// The tiny chat model in `dir`, with its prompt cache in `kv` when given.
+fn tiny_engine(dir: &Path, kv: Option<&Path>) -> Engine {
+    let source = ModelSource::HfDir {
+        dir: dir.to_path_buf(),
+        name: "tiny".into(),
+    };
+    let config = EngineConfig {
+        prompt_cache: kv.map(|kv| PromptCacheConfig {
+            dir: kv.to_path_buf(),
+            budget_bytes: 1 << 30,
+        }),
+        ..EngineConfig::new(source)
+    };
+    Engine::open(&config).unwrap()
+}
+
+/// `n` word ids of the tiny model that do not repeat in short runs.
+fn word_ids(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| 2 + (i * 7 + i / 62) % 62).collect()
+}
+
+/// Generate one token after `prompt` with the prompt cache in `kv`, which
+/// stores the prompt's KV there.
+fn store_prompt(model: &Path, kv: &Path, prompt: &[u32]) {
+    let options = GenerateOptions {
+        max_tokens: 1,
+        ..GenerateOptions::default()
+    };
+    let mut engine = tiny_engine(model, Some(kv));
+    engine.generate(prompt, &options).unwrap();
+}
+
+fn max_abs_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
+    let (a, b) = (a.to_vec1::<f32>().unwrap(), b.to_vec1::<f32>().unwrap());
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Two whole blocks and part of a third, restored by another engine, give
+/// the logits of the whole prompt computed afresh (to the 1e-4 in-memory
+/// reuse keeps to, see `engine.rs`).
+#[test]
+fn a_prefix_restored_from_blocks_gives_the_logits_of_a_fresh_prefill() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_chat_model(dir.path());
+    let kv = dir.path().join("kv");
+    let prompt = word_ids(600);
+    store_prompt(dir.path(), &kv, &prompt[..560]);
+
+    let mut restoring = tiny_engine(dir.path(), Some(&kv));
+    let (restored, usage) = restoring.prefill(&prompt).unwrap();
+    assert!(usage.restored_tokens >= 560, "{usage:?}");
+    let (fresh, fresh_usage) = tiny_engine(dir.path(), None).prefill(&prompt).unwrap();
+    assert_eq!(fresh_usage.restored_tokens, 0);
+    let diff = max_abs_diff(&restored, &fresh);
+    assert!(diff <= 1e-4, "logits differ by {diff}");
+}
+
+fn block_files(kv: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for folder in std::fs::read_dir(kv).unwrap() {
+        for file in std::fs::read_dir(folder.unwrap().path()).unwrap() {
+            let path = file.unwrap().path();
+            if path.extension().is_some_and(|e| e == "safetensors") {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
+#[test]
+fn prism_cache_verify_fails_on_a_corrupt_store_and_passes_on_a_sound_one() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_chat_model(dir.path());
+    let kv = dir.path().join("kv");
+    store_prompt(dir.path(), &kv, &word_ids(300));
+    let kv_arg = kv.to_str().unwrap();
+    let cache = |command: &str| run_prism(&["cache", command, "--dir", kv_arg]);
+
+    let (sound, stdout, stderr) = cache("verify");
+    assert!(sound, "{stdout}{stderr}");
+    assert!(stdout.contains("2 blocks checked, 0 bad"), "{stdout}");
+    let (listed, stdout, _) = cache("list");
+    assert!(listed && stdout.contains("300 tokens"), "{stdout}");
+
+    let files = block_files(&kv);
+    assert_eq!(files.len(), 2);
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x10;
+    std::fs::write(&files[0], bytes).unwrap();
+    let (sound, stdout, stderr) = cache("verify");
+    assert!(!sound, "{stdout}");
+    assert!(stdout.contains("bad: "), "{stdout}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    let (sound, stdout, stderr) = cache("verify");
+    assert!(sound, "{stdout}{stderr}");
+
+    let (cleared, stdout, stderr) = cache("clear");
+    assert!(cleared, "{stderr}");
+    assert!(block_files(&kv).is_empty(), "{stdout}");
+    let (counted, stdout, _) = cache("stats");
+    assert!(
+        counted && stdout.contains("total: 1 model folders  0 blocks"),
+        "{stdout}"
+    );
 }

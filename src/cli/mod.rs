@@ -31,6 +31,7 @@ macro_rules! note {
 mod backend_args;
 mod bench;
 mod bench_engine;
+mod cache;
 mod engine_args;
 mod flags;
 mod generate;
@@ -96,6 +97,8 @@ enum Command {
     Bench(Box<bench::BenchArgs>),
     /// Measure prefill and decode speed and the gain from a cached prefix.
     BenchEngine(bench_engine::BenchEngineArgs),
+    /// List, check or clear the blocks a --prompt-cache directory holds.
+    Cache(cache::CacheArgs),
     /// The model's perplexity on a text, measured as llama.cpp's llama-perplexity does.
     Perplexity(perplexity::PerplexityArgs),
     /// Question-answer pairs about a document.
@@ -143,6 +146,7 @@ pub fn run() -> Result<()> {
             bench::run(*args, sub)
         }
         Command::BenchEngine(args) => bench_engine::run(args),
+        Command::Cache(args) => cache::run(args),
         Command::Perplexity(args) => perplexity::run(args),
         Command::Qa(args) => qa::run(args),
         Command::Score(args) => score::run(args),
