@@ -2,9 +2,9 @@
 //! next (a resumed run, a run with the same instructions) instead of encoded again.
 //!
 //! Sequences are stored as chains of blocks of [`BLOCK_TOKENS`] tokens, each
-//! block a file named by a hash of everything before it (see
-//! [`block`](self::block)), so sequences that share a prefix share its files
-//! and storing a longer sequence writes only the blocks it adds. An index per
+//! block a file named by a hash of its tokens and everything before them
+//! (see `block`), so sequences that share a prefix share its files and
+//! storing a longer sequence writes only the blocks it adds. An index per
 //! model folder lists the blocks, locked across processes (see `index`).
 
 mod block;
