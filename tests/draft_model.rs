@@ -2,7 +2,9 @@
 //! tokens that the target checks in one pass. Greedy output must be the
 //! target's, token for token; a draft with another tokenizer is refused.
 
-use crate::common::{assert_ends_with_one_error_line, run_prism, write_tiny_model, TinyArch, TINY_VOCAB};
+use crate::common::{
+    assert_ends_with_one_error_line, run_prism, write_tiny_model, TinyArch, TINY_VOCAB,
+};
 use prism::engine::source::ModelSource;
 use prism::engine::{Engine, EngineConfig, GenerateOptions, OpenError};
 use std::path::Path;
@@ -14,11 +16,15 @@ fn source(dir: &Path, name: &str) -> ModelSource {
     }
 }
 
-fn open(target: &ModelSource, draft: Option<&ModelSource>) -> Result<Engine, OpenError> {
-    Engine::open(&EngineConfig {
+fn config(target: &ModelSource, draft: Option<&ModelSource>) -> EngineConfig {
+    EngineConfig {
         draft_model: draft.cloned(),
         ..EngineConfig::new(target.clone())
-    })
+    }
+}
+
+fn open(target: &ModelSource, draft: Option<&ModelSource>) -> Engine {
+    Engine::open(&config(target, draft)).expect("the models load")
 }
 
 /// A tiny model of `arch` written with `seed` into a new directory of `root`.
@@ -49,8 +55,8 @@ fn greedy(max_tokens: usize) -> GenerateOptions {
 /// from cached prefixes, the draft's too). Returns the drafted engine's
 /// accepted model drafts.
 fn same_greedy_output(target: &ModelSource, draft: &ModelSource) -> usize {
-    let mut alone = open(target, None).unwrap();
-    let mut drafted = open(target, Some(draft)).unwrap();
+    let mut alone = open(target, None);
+    let mut drafted = open(target, Some(draft));
     assert_eq!(
         drafted.identity().draft_model.as_deref(),
         Some(draft.name())
@@ -104,7 +110,7 @@ fn sampled_drafts_of_the_same_model_are_kept() {
     options.sampling.top_k = Some(20);
     options.sampling.repeat_penalty = 1.1;
     options.sampling.seed = 5;
-    let mut drafted = open(&target, Some(&target)).unwrap();
+    let mut drafted = open(&target, Some(&target));
     let prompt = &prompts()[2];
     let first = drafted.generate(prompt, &options).unwrap();
     let usage = &first.usage;
@@ -143,7 +149,9 @@ fn a_draft_model_with_another_tokenizer_is_refused() {
     let root = tempfile::tempdir().unwrap();
     let target = tiny(root.path(), TinyArch::Llama, 17);
     let swapped = with_swapped_words(root.path());
-    let err = open(&target, Some(&swapped)).err().expect("refused");
+    let err = Engine::open(&config(&target, Some(&swapped)))
+        .err()
+        .expect("refused");
     match &err {
         OpenError::DraftModel(prism::Error::DraftTokenizerMismatch { model, draft, .. }) => {
             assert_eq!(
@@ -201,4 +209,29 @@ fn the_cli_drafts_with_a_draft_model_and_refuses_a_mismatched_one() {
         &generate(swapped.to_str().unwrap()),
         "--draft-model swapped cannot draft for",
     );
+}
+
+/// The pair the check is for passes it, and a model of another family
+/// does not: Qwen2.5-Coder-0.5B may draft for the 1.5B, SmolLM2 may not.
+#[test]
+fn qwen_coder_small_and_large_share_a_tokenizer_and_smollm2_does_not() {
+    use crate::common::fetched_model;
+    use prism::engine::prompt_format::PromptFormat;
+    use prism::engine::speculative::tokenizer_difference;
+    let format = |file: &str| {
+        PromptFormat::load(&ModelSource::Gguf {
+            path: fetched_model(file),
+            name: file.into(),
+        })
+        .unwrap()
+    };
+    let small = format("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    let large = format("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf");
+    let smollm2 = format("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert_eq!(
+        tokenizer_difference(large.tokenizer(), small.tokenizer()),
+        None
+    );
+    let difference = tokenizer_difference(large.tokenizer(), smollm2.tokenizer());
+    assert!(difference.is_some_and(|reason| reason.contains("vocabularies")));
 }
