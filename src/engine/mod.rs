@@ -63,8 +63,9 @@ pub struct Usage {
     /// unless it had been drafted and checked in an earlier pass.
     pub decode_steps: usize,
     /// Decode steps whose token had been drafted and was checked in the
-    /// pass of the token before it ([`EngineConfig::draft_tokens`]): the
-    /// passes run were `decode_steps - accepted_drafts`.
+    /// pass of the token before it ([`EngineConfig::draft_tokens`],
+    /// [`EngineConfig::draft_model`]): the target's passes run were
+    /// `decode_steps - accepted_drafts`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub accepted_drafts: usize,
     /// Of `accepted_drafts`, those drafted from earlier text (prompt lookup).

@@ -25,8 +25,9 @@ pub struct Figures {
     pub prefill_tokens_per_second: f64,
     /// Generated tokens per second of decoding.
     pub decode_tokens_per_second: f64,
-    /// Generated tokens that had been drafted from earlier text and were
-    /// checked in the pass of the token before them (`--draft-tokens`).
+    /// Generated tokens that had been drafted, from earlier text
+    /// (`--draft-tokens`) or by the draft model (`--draft-model`), and were
+    /// checked in the pass of the token before them.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub accepted_drafts: usize,
     /// Of `accepted_drafts`, those drafted from earlier text (prompt lookup).
