@@ -390,7 +390,8 @@ fn propose(
     let mut step = || -> Result<()> {
         for i in 0..count {
             let mut values = logits.to_vec1::<f32>().context("draft logits")?;
-            // A draft's output wider than the target's has no say past it.
+            // Compared over the target's ids: a wider draft output has no
+            // say past them, a narrower one gives the rest no chance.
             values.resize(wanted.vocab, f32::NEG_INFINITY);
             let drafted: Vec<u32> = proposed.iter().map(|&(token, _)| token).collect();
             let Some((token, drawn_from)) = chooser.draw(values, usage, &bans(&drafted), coin)?
