@@ -156,6 +156,44 @@ fn smollm2_as_its_own_draft_model_changes_nothing_but_passes() {
     }
 }
 
+/// Under sampling and a grammar, SmolLM2's drafts for itself go through
+/// rejection sampling under the grammar's mask: most are kept, and the
+/// output stays inside the grammar.
+#[test]
+fn smollm2_sampled_drafts_for_itself_keep_to_the_grammar() {
+    let (file, name) = SMOLLM2;
+    let source = ModelSource::Gguf {
+        path: fetched_model(file),
+        name: name.into(),
+    };
+    let mut drafted = Engine::open(&EngineConfig {
+        draft_tokens: 0,
+        draft_model: Some(source.clone()),
+        ..EngineConfig::new(source)
+    })
+    .expect("the model loads");
+    let prompt = copying_prompt(&drafted);
+    let options = GenerateOptions {
+        grammar: Some(Grammar::Regex("[a-z ,.]{1,300}".into())),
+        ..sampled(60)
+    };
+    let generation = drafted.generate(&prompt, &options).unwrap();
+    let usage = &generation.usage;
+    assert!(
+        usage.accepted_model_drafts * 2 > usage.output_tokens,
+        "{usage:?}"
+    );
+    assert_eq!(usage.accepted_lookup_drafts, 0, "lookup drafting is off");
+    assert!(
+        generation
+            .text
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || " ,.".contains(c)),
+        "{:?}",
+        generation.text
+    );
+}
+
 /// The pass that checks drafts gives each row the bits of a decode step of
 /// that token alone, on both kinds of model the tests fetch and with every
 /// way the cache stores keys and values.
