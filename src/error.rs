@@ -32,6 +32,18 @@ pub enum Error {
     #[error("{model}: tokenizer: {reason}")]
     Tokenizer { model: String, reason: String },
 
+    /// The draft model ([`Setting::DraftModel`]) must tokenize text as the
+    /// model it drafts for does: its tokens are checked by id.
+    #[error(
+        "{} {draft} cannot draft for {model}: their tokenizers differ ({reason})",
+        Setting::DraftModel
+    )]
+    DraftTokenizerMismatch {
+        model: String,
+        draft: String,
+        reason: String,
+    },
+
     #[error("chat template: {reason}")]
     ChatTemplate { reason: String },
 

@@ -120,6 +120,80 @@ fn qwen2_greedy_and_sampled_output_is_the_same_with_drafts() {
     drafting_changes_nothing_but_passes(QWEN, sampled(60));
 }
 
+/// SmolLM2 drafting for itself beside lookup drafts: the rounds take
+/// whichever source has been kept more often, greedy output (free and under
+/// a grammar) is the model's alone, and kept drafts are counted by source.
+#[test]
+fn smollm2_as_its_own_draft_model_changes_nothing_but_passes() {
+    let (file, name) = SMOLLM2;
+    let source = ModelSource::Gguf {
+        path: fetched_model(file),
+        name: name.into(),
+    };
+    let mut plain = load(SMOLLM2, 4);
+    let mut drafted = Engine::open(&EngineConfig {
+        draft_model: Some(source.clone()),
+        ..EngineConfig::new(source)
+    })
+    .expect("the model loads");
+    let prompt = copying_prompt(&plain);
+    let constrained = GenerateOptions {
+        grammar: Some(Grammar::Regex("[A-Za-z0-9 ,.'\n-]{1,300}".into())),
+        ..greedy(60)
+    };
+    for options in [greedy(60), constrained] {
+        let alone = plain.generate(&prompt, &options).unwrap();
+        let checked = drafted.generate(&prompt, &options).unwrap();
+        assert_eq!(alone.tokens, checked.tokens);
+        assert_eq!(alone.stop_reason, checked.stop_reason);
+        assert_eq!(alone.usage.decode_steps, checked.usage.decode_steps);
+        let usage = &checked.usage;
+        assert!(usage.accepted_model_drafts > 0, "{usage:?}");
+        assert_eq!(
+            usage.accepted_drafts,
+            usage.accepted_lookup_drafts + usage.accepted_model_drafts
+        );
+    }
+}
+
+/// Under sampling and a grammar, SmolLM2's drafts for itself go through
+/// rejection sampling under the grammar's mask: most are kept, and the
+/// output stays inside the grammar.
+#[test]
+fn smollm2_sampled_drafts_for_itself_keep_to_the_grammar() {
+    let (file, name) = SMOLLM2;
+    let source = ModelSource::Gguf {
+        path: fetched_model(file),
+        name: name.into(),
+    };
+    let mut drafted = Engine::open(&EngineConfig {
+        draft_tokens: 0,
+        draft_model: Some(source.clone()),
+        ..EngineConfig::new(source)
+    })
+    .expect("the model loads");
+    let prompt = copying_prompt(&drafted);
+    let options = GenerateOptions {
+        grammar: Some(Grammar::Regex("[a-z ,.]{1,300}".into())),
+        ..sampled(60)
+    };
+    let generation = drafted.generate(&prompt, &options).unwrap();
+    let usage = &generation.usage;
+    assert!(
+        usage.accepted_model_drafts * 2 > usage.output_tokens,
+        "{usage:?}"
+    );
+    assert_eq!(usage.accepted_lookup_drafts, 0, "lookup drafting is off");
+    assert!(
+        generation
+            .text
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || " ,.".contains(c)),
+        "{:?}",
+        generation.text
+    );
+}
+
 /// The pass that checks drafts gives each row the bits of a decode step of
 /// that token alone, on both kinds of model the tests fetch and with every
 /// way the cache stores keys and values.

@@ -9,6 +9,7 @@ mod cok;
 mod common;
 mod constrained;
 mod cos;
+mod draft_model;
 mod drafting;
 mod engine;
 mod layers;

@@ -61,6 +61,14 @@ pub struct EngineArgs {
     /// on CPUs where prism's own kernels run every matmul; 0 turns it off.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_DRAFT_TOKENS as u8, value_parser = clap::value_parser!(u8).range(0..=16))]
     pub draft_tokens: u8,
+    /// A small model that drafts tokens for --model to check in one pass (speculative
+    /// decoding), named as --model is, e.g. qwen2.5-coder-0.5b-instruct for
+    /// qwen2.5-coder-1.5b-instruct. Its tokenizer must be the model's. It runs on the same
+    /// device with caches of its own; greedy output is the model's, and sampled output
+    /// follows the model's distribution. Each round drafts from it or from earlier text
+    /// (--draft-tokens), whichever has been kept more often lately.
+    #[arg(long, value_name = "NAME")]
+    pub draft_model: Option<String>,
 }
 
 fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
@@ -99,6 +107,11 @@ impl EngineArgs {
             cache_slots: usize::from(self.cache_slots),
             cache_bytes: self.cache_bytes,
             draft_tokens: usize::from(self.draft_tokens),
+            draft_model: self
+                .draft_model
+                .as_deref()
+                .map(prism::models::resolve)
+                .transpose()?,
             prompt_cache: self.prompt_cache.as_ref().map(|dir| PromptCacheConfig {
                 dir: dir.clone(),
                 budget_bytes: self.prompt_cache_size as u64,
@@ -123,10 +136,22 @@ impl EngineArgs {
             Err(OpenError::Model(err)) => {
                 return Err(err).with_context(|| format!("loading {}", self.model()))
             }
+            // A tokenizer mismatch names both models itself.
+            Err(OpenError::DraftModel(err @ prism::Error::DraftTokenizerMismatch { .. })) => {
+                return Err(err.into())
+            }
+            Err(OpenError::DraftModel(err)) => {
+                let name = self.draft_model.as_deref().unwrap_or_default();
+                return Err(err).with_context(|| format!("loading draft model {name}"));
+            }
             Err(err) => return Err(err.into()),
         };
+        let drafting = match engine.draft_model() {
+            Some(draft) => format!(", drafting with {draft}"),
+            None => String::new(),
+        };
         note!(
-            "loaded {} ({:?}, {} layers, context {}) in {:.1}s on {} thread(s)",
+            "loaded {}{drafting} ({:?}, {} layers, context {}) in {:.1}s on {} thread(s)",
             engine.name(),
             engine.config().architecture,
             engine.config().layers,

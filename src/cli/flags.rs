@@ -36,6 +36,7 @@ pub fn flag(setting: Setting) -> &'static str {
         Setting::ExampleQuery => "--example-query",
         Setting::RequestTimeout => "--request-timeout",
         Setting::PromptCache => "--prompt-cache",
+        Setting::DraftModel => "--draft-model",
     }
 }
 

@@ -41,6 +41,13 @@ pub struct EngineConfig {
     /// rows do not depend on each other); a sibling's drafts are checked in
     /// the shared passes, beside the other sequences' rows.
     pub draft_tokens: usize,
+    /// A small model that drafts tokens for `source` to check in one pass
+    /// (speculative decoding), loaded on the same device with the same
+    /// cache settings and caches of its own. Its tokenizer must be
+    /// `source`'s. Under greedy decoding the output is `source`'s; under
+    /// sampling drafts are kept by rejection sampling, so the output
+    /// follows `source`'s distribution (see `engine::speculative`).
+    pub draft_model: Option<ModelSource>,
     /// Keep the KV of each generation's sequence on disk as well, and start
     /// a prompt from the stored chain of blocks that shares the most of it
     /// when memory holds less.
@@ -49,8 +56,8 @@ pub struct EngineConfig {
 
 impl EngineConfig {
     /// `source` on the device the build is for, with an f32 KV cache,
-    /// prefix reuse in one slot without a byte bound, drafting, and no
-    /// prompt cache on disk.
+    /// prefix reuse in one slot without a byte bound, drafting from
+    /// earlier text but no draft model, and no prompt cache on disk.
     pub fn new(source: ModelSource) -> Self {
         EngineConfig {
             source,
@@ -61,6 +68,7 @@ impl EngineConfig {
             cache_slots: 1,
             cache_bytes: None,
             draft_tokens: DEFAULT_DRAFT_TOKENS,
+            draft_model: None,
             prompt_cache: None,
         }
     }
@@ -80,6 +88,9 @@ pub struct PromptCacheConfig {
 pub enum OpenError {
     #[error(transparent)]
     Model(Error),
+    /// The draft model did not load, or cannot draft for the model.
+    #[error(transparent)]
+    DraftModel(Error),
     #[error("{} {}", Setting::PromptCache, dir.display())]
     PromptCache {
         dir: PathBuf,
@@ -91,7 +102,7 @@ pub enum OpenError {
 impl From<OpenError> for Error {
     fn from(err: OpenError) -> Self {
         match err {
-            OpenError::Model(err) => err,
+            OpenError::Model(err) | OpenError::DraftModel(err) => err,
             OpenError::PromptCache { dir, source } => Error::invalid(
                 format!("{} {}", Setting::PromptCache, dir.display()),
                 source.to_string(),

@@ -4,9 +4,12 @@
 use super::constraint::Constraint;
 use super::model::Pass;
 use super::sampling::{self, CopySource, Sampler, TokenMarks};
+use super::speculative::{self, DraftPlan, DraftSource, Round};
 use super::{Engine, GenerateOptions, Generation, LineCheck, LineVerdict, StopReason, Usage};
-use crate::error::{CandleContext, Result};
+use crate::error::{CandleContext, Error, Result};
 use candle_core::Tensor;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
@@ -50,6 +53,28 @@ impl Engine {
         refuse_line: Option<&LineCheck>,
         on_tokens: &mut dyn FnMut(&[u32], &Usage) -> bool,
     ) -> Result<Generation> {
+        // The draft model is lent to the loop, which works on its caches and
+        // this engine's together; it comes back whatever the loop returns.
+        let mut draft = self.draft.take();
+        let generation = self.decode_with(
+            prompt,
+            options,
+            refuse_line,
+            on_tokens,
+            draft.as_deref_mut(),
+        );
+        self.draft = draft;
+        generation
+    }
+
+    fn decode_with(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        refuse_line: Option<&LineCheck>,
+        on_tokens: &mut dyn FnMut(&[u32], &Usage) -> bool,
+        draft: Option<&mut Engine>,
+    ) -> Result<Generation> {
         // One function on purpose: every branch of the loop below moves the
         // same state together (logits, the cache, the drafts, the chooser's
         // history, the tokens kept), and the order of those moves is what
@@ -76,6 +101,19 @@ impl Engine {
             line_start: 0,
         };
         let (mut logits, mut usage) = self.prefill(prompt)?;
+        // The draft model reads the prompt from its own longest cached
+        // prefix; one whose context cannot hold it drafts nothing this call.
+        let mut draft =
+            match draft.map(|draft| draft.prefill(prompt).map(|(_, used)| (draft, used))) {
+                Some(Ok((draft, used))) => {
+                    // Reading the prompt is prefill work, whichever model does it.
+                    usage.prefill_seconds += used.prefill_seconds;
+                    Some(draft)
+                }
+                Some(Err(Error::PromptTooLong { .. })) | None => None,
+                Some(Err(err)) => return Err(err),
+            };
+        let draft_decoding = draft.as_ref().map(|draft| draft.model.decoding());
         let decode_start = Instant::now();
         let stop_ids = self.format.tokenizer().stop_token_ids().to_vec();
         let copy_source = CopySource::new(&options.copy_source, options.sampling.no_copy_ngram);
@@ -90,9 +128,16 @@ impl Engine {
         } else {
             0
         };
+        let vocab = self.model.config().vocab_size;
         // Drafted tokens already in the cache, each with the logits after
         // it, valid while the sampled tokens follow the draft.
-        let mut drafts: VecDeque<(u32, Tensor)> = VecDeque::new();
+        let mut drafts: VecDeque<Drafted> = VecDeque::new();
+        // The round the drafts in the cache belong to, and what the rounds
+        // so far say about the next one.
+        let mut round: Option<Round> = None;
+        let mut plan = DraftPlan::default();
+        // Rejection sampling's own draws, seeded apart from the sampler's.
+        let mut coin = StdRng::seed_from_u64(options.sampling.seed ^ CHECK_SEED);
         let mut tokens = Vec::new();
         // Lines the line check skipped, whose tokens are banned where a
         // new line retraces them.
@@ -107,7 +152,17 @@ impl Engine {
                 break StopReason::MaxTokens;
             }
             let banned = skipped_line_bans(&skipped, &tokens);
-            let token = chooser.next(&logits, &mut usage, &banned)?;
+            let token = match drafts.front() {
+                // A draft model's token drawn from its distribution: kept
+                // or replaced by rejection sampling.
+                Some(Drafted {
+                    token: drafted,
+                    drawn_from: Some(q),
+                    ..
+                }) => chooser.check(&logits, &mut usage, &banned, *drafted, q, &mut coin)?,
+                // Otherwise a draft is kept where the sampler picks it.
+                _ => chooser.next(&logits, &mut usage, &banned)?,
+            };
             usage.output_tokens += 1;
             if stop_ids.contains(&token) {
                 break StopReason::EndOfTurn;
@@ -154,10 +209,18 @@ impl Engine {
             }
             let cache = &mut self.slots.active_mut().cache;
             match drafts.pop_front() {
-                Some((drafted, after)) if drafted == token => {
-                    logits = after;
+                Some(drafted) if drafted.token == token => {
+                    logits = drafted.after;
                     usage.decode_steps += 1;
                     usage.accepted_drafts += 1;
+                    let source = round.as_mut().map(|round| {
+                        round.accepted += 1;
+                        round.source
+                    });
+                    match source {
+                        Some(DraftSource::Model) => usage.accepted_model_drafts += 1,
+                        _ => usage.accepted_lookup_drafts += 1,
+                    }
                     continue;
                 }
                 // The sampler went another way: the draft's positions go.
@@ -173,17 +236,55 @@ impl Engine {
             }
             // Every drafted position must fit the context as a step would.
             let room = context - cache.len() - 2;
-            let draft = lookup_draft(&chooser.history, draft_limit.min(room));
-            if draft.is_empty() {
+            if let Some(done) = round.take() {
+                plan.record(done);
+            }
+            let lookup = lookup_draft(&chooser.history, draft_limit.min(room)).to_vec();
+            let source = plan.choose(!lookup.is_empty(), draft.is_some());
+            let proposal = match source {
+                Some(DraftSource::Lookup) => lookup.into_iter().map(|t| (t, None)).collect(),
+                Some(DraftSource::Model) => match draft.as_deref_mut() {
+                    Some(draft) => {
+                        // More drafts than tokens left to sample are wasted.
+                        let left = options.max_tokens - usage.output_tokens;
+                        let count = plan.model_length.min(room).min(left);
+                        let bans = |drafted: &[u32]| {
+                            if skipped.is_empty() {
+                                Vec::new()
+                            } else {
+                                skipped_line_bans(&skipped, &[&tokens[..], drafted].concat())
+                            }
+                        };
+                        let wanted = Proposal {
+                            count,
+                            vocab,
+                            stop_ids: &stop_ids,
+                        };
+                        propose(draft, &mut chooser, &wanted, &bans, &mut coin, &mut usage)?
+                    }
+                    None => Vec::new(),
+                },
+                None => Vec::new(),
+            };
+            round = source.map(|source| Round {
+                source,
+                drafted: proposal.len(),
+                accepted: 0,
+            });
+            if proposal.is_empty() {
                 logits = self.model.forward(&[token], cache, Pass::Decode)?;
             } else {
                 let run: Vec<u32> = std::iter::once(token)
-                    .chain(draft.iter().copied())
+                    .chain(proposal.iter().map(|&(drafted, _)| drafted))
                     .collect();
                 let rows = self.model.forward_rows(&run, cache)?;
                 logits = rows.get(0).context("drafted tokens")?;
-                for (i, &drafted) in draft.iter().enumerate() {
-                    drafts.push_back((drafted, rows.get(i + 1).context("drafted tokens")?));
+                for (i, (drafted, drawn_from)) in proposal.into_iter().enumerate() {
+                    drafts.push_back(Drafted {
+                        token: drafted,
+                        after: rows.get(i + 1).context("drafted tokens")?,
+                        drawn_from,
+                    });
                 }
             }
             usage.decode_steps += 1;
@@ -192,6 +293,7 @@ impl Engine {
         let cache = &mut self.slots.active_mut().cache;
         cache.truncate(cache.len() - drafts.len());
         drop(decoding);
+        drop(draft_decoding);
         usage.decode_seconds = decode_start.elapsed().as_secs_f64();
         self.store_to_disk();
         let text = match cut_text {
@@ -227,6 +329,92 @@ impl Engine {
     }
 }
 
+/// Mixed into the sampling seed for rejection sampling's draws, so that they
+/// are not the sampler's own.
+const CHECK_SEED: u64 = 0x5eed_d4af_7c0d_e5a1;
+
+/// A drafted token whose position is in the cache.
+struct Drafted {
+    token: u32,
+    /// The logits after it.
+    after: Tensor,
+    /// Under sampling, the draft model's distribution it was drawn from;
+    /// `None` for a token drafted from earlier text or under greedy
+    /// decoding, which is kept where the sampler picks it.
+    drawn_from: Option<Vec<f32>>,
+}
+
+/// What a draft model is asked for in a round.
+struct Proposal<'a> {
+    /// The most tokens to draft.
+    count: usize,
+    /// The target's vocabulary: the width of the distributions compared.
+    vocab: usize,
+    /// Drafting ends after one of these.
+    stop_ids: &'a [u32],
+}
+
+/// Up to `wanted.count` tokens the draft model proposes after
+/// `chooser.history`, a pass of it each, chosen as `chooser` would choose
+/// them (under its grammar, after its repetition controls, never one of
+/// `bans(drafted so far)`): the most likely under greedy decoding, else
+/// drawn, with the distribution drawn from. First the draft's cache is cut
+/// to the prefix it shares with the history and given the rest in one pass
+/// (after a round, the last drafted or the target's own token).
+fn propose(
+    draft: &mut Engine,
+    chooser: &mut TokenChooser,
+    wanted: &Proposal,
+    bans: &dyn Fn(&[u32]) -> Vec<u32>,
+    coin: &mut StdRng,
+    usage: &mut Usage,
+) -> Result<Vec<(u32, Option<Vec<f32>>)>> {
+    let history_len = chooser.history.len();
+    // The last drafted token is never run by the draft: room for the others.
+    let count = wanted
+        .count
+        .min(draft.context_tokens().saturating_sub(history_len + 1));
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let cache = &mut draft.slots.active_mut().cache;
+    let kept = cache.common_prefix(&chooser.history).min(history_len - 1);
+    cache.truncate(kept);
+    let mut logits = draft
+        .model
+        .forward(&chooser.history[kept..], cache, Pass::Decode)?;
+    let mut proposed: Vec<(u32, Option<Vec<f32>>)> = Vec::with_capacity(count);
+    // The chooser takes each drafted token in, for the grammar and the
+    // repetition controls of the next, and forgets them all at the end.
+    let mut taken = 0;
+    let mut step = || -> Result<()> {
+        for i in 0..count {
+            let mut values = logits.to_vec1::<f32>().context("draft logits")?;
+            // Compared over the target's ids: a wider draft output has no
+            // say past them, a narrower one gives the rest no chance.
+            values.resize(wanted.vocab, f32::NEG_INFINITY);
+            let drafted: Vec<u32> = proposed.iter().map(|&(token, _)| token).collect();
+            let Some((token, drawn_from)) = chooser.draw(values, usage, &bans(&drafted), coin)?
+            else {
+                break;
+            };
+            proposed.push((token, drawn_from));
+            if wanted.stop_ids.contains(&token) {
+                break;
+            }
+            chooser.accept(token)?;
+            taken += 1;
+            if i + 1 < count {
+                logits = draft.model.forward(&[token], cache, Pass::Decode)?;
+            }
+        }
+        Ok(())
+    };
+    let drafted = step();
+    chooser.rollback(taken)?;
+    drafted.map(|()| proposed)
+}
+
 /// Picks each next token: the sampler alone, or the sampler over the logits
 /// the grammar allows.
 struct TokenChooser {
@@ -244,7 +432,22 @@ impl TokenChooser {
         if self.constraint.is_none() && banned.is_empty() {
             return self.sampler.sample(logits, &self.history, self.prompt_len);
         }
-        let mut values = logits.to_vec1::<f32>().context("grammar mask")?;
+        let values = logits.to_vec1::<f32>().context("grammar mask")?;
+        let values = self.transform(values, usage, banned)?;
+        let len = values.len();
+        let masked =
+            Tensor::from_vec(values, len, &candle_core::Device::Cpu).context("grammar mask")?;
+        self.sampler.pick(&masked)
+    }
+
+    /// `values` as the sampler sees them: the grammar's mask, then the
+    /// repetition controls, then the bans.
+    fn transform(
+        &mut self,
+        mut values: Vec<f32>,
+        usage: &mut Usage,
+        banned: &[u32],
+    ) -> Result<Vec<f32>> {
         if let Some(constraint) = self.constraint.as_mut() {
             let start = Instant::now();
             constraint.mask(&mut values)?;
@@ -254,10 +457,60 @@ impl TokenChooser {
         self.sampler
             .penalize(&mut values, &self.history, self.prompt_len);
         sampling::apply_bans(&mut values, banned);
-        let len = values.len();
-        let masked =
-            Tensor::from_vec(values, len, &candle_core::Device::Cpu).context("grammar mask")?;
-        self.sampler.pick(&masked)
+        Ok(values)
+    }
+
+    /// A draft model's next token from its logits `values`, transformed as
+    /// the target's are: the most likely under greedy decoding, else drawn
+    /// with `coin`, returned with the distribution drawn from. `None` when
+    /// no token is left.
+    fn draw(
+        &mut self,
+        values: Vec<f32>,
+        usage: &mut Usage,
+        banned: &[u32],
+        coin: &mut StdRng,
+    ) -> Result<Option<(u32, Option<Vec<f32>>)>> {
+        let values = self.transform(values, usage, banned)?;
+        Ok(match self.sampler.distribution(&values) {
+            None => values
+                .iter()
+                .enumerate()
+                .filter(|(_, value)| **value > f32::NEG_INFINITY)
+                .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
+                .map(|(id, _)| (id as u32, None)),
+            Some(q) => {
+                let weights: Vec<f64> = q.iter().map(|&v| f64::from(v)).collect();
+                speculative::draw(&weights, coin).map(|id| (id as u32, Some(q)))
+            }
+        })
+    }
+
+    /// The token at `logits` when the draft model drew `drafted` from
+    /// `drawn_from`: kept or replaced by rejection sampling against the
+    /// target's distribution, under the same transforms.
+    fn check(
+        &mut self,
+        logits: &Tensor,
+        usage: &mut Usage,
+        banned: &[u32],
+        drafted: u32,
+        drawn_from: &[f32],
+        coin: &mut StdRng,
+    ) -> Result<u32> {
+        let values = logits.to_vec1::<f32>().context("checking a draft")?;
+        let values = self.transform(values, usage, banned)?;
+        match self.sampler.distribution(&values) {
+            Some(p) => Ok(speculative::accept_or_resample(
+                &p, drawn_from, drafted, coin,
+            )),
+            None => {
+                let len = values.len();
+                let values = Tensor::from_vec(values, len, &candle_core::Device::Cpu)
+                    .context("checking a draft")?;
+                self.sampler.pick(&values)
+            }
+        }
     }
 
     fn accept(&mut self, token: u32) -> Result<()> {

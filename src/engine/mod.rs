@@ -18,6 +18,7 @@ pub mod prompt_cache;
 pub mod prompt_format;
 pub mod sampling;
 pub mod source;
+pub mod speculative;
 pub mod tokenizer;
 
 pub use config::{EngineConfig, OpenError, PromptCacheConfig, DEFAULT_DRAFT_TOKENS};
@@ -62,10 +63,18 @@ pub struct Usage {
     /// unless it had been drafted and checked in an earlier pass.
     pub decode_steps: usize,
     /// Decode steps whose token had been drafted and was checked in the
-    /// pass of the token before it ([`EngineConfig::draft_tokens`]): the
-    /// passes run were `decode_steps - accepted_drafts`.
+    /// pass of the token before it ([`EngineConfig::draft_tokens`],
+    /// [`EngineConfig::draft_model`]): the target's passes run were
+    /// `decode_steps - accepted_drafts`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub accepted_drafts: usize,
+    /// Of `accepted_drafts`, those drafted from earlier text (prompt lookup).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub accepted_lookup_drafts: usize,
+    /// Of `accepted_drafts`, those proposed by the draft model
+    /// ([`EngineConfig::draft_model`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub accepted_model_drafts: usize,
     pub decode_seconds: f64,
     /// Time spent computing grammar masks (part of `decode_seconds`).
     pub mask_seconds: f64,
@@ -86,6 +95,8 @@ impl std::ops::AddAssign<&Usage> for Usage {
         self.prefill_seconds += other.prefill_seconds;
         self.decode_steps += other.decode_steps;
         self.accepted_drafts += other.accepted_drafts;
+        self.accepted_lookup_drafts += other.accepted_lookup_drafts;
+        self.accepted_model_drafts += other.accepted_model_drafts;
         self.decode_seconds += other.decode_seconds;
         self.mask_seconds += other.mask_seconds;
     }
@@ -188,6 +199,12 @@ pub struct EngineIdentity {
     pub cache_slots: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache_bytes: Option<usize>,
+    /// The draft model's name and sha256: under sampling it decides which
+    /// tokens are drawn, and it changes the accounting of drafts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_model: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_model_sha256: Option<String>,
 }
 
 impl EngineIdentity {
@@ -207,6 +224,8 @@ impl EngineIdentity {
             prefix_cache: true,
             cache_slots: 1,
             cache_bytes: None,
+            draft_model: None,
+            draft_model_sha256: None,
         }
     }
 }
@@ -222,6 +241,9 @@ pub struct Engine {
     /// The most tokens drafted from earlier text and checked in one pass
     /// (see [`EngineConfig::draft_tokens`]); 0 decodes a token a pass.
     draft_tokens: usize,
+    /// The small model that drafts tokens for this one
+    /// ([`EngineConfig::draft_model`]), with caches of its own.
+    draft: Option<Box<Engine>>,
     /// Prefixes kept on disk across processes (`--prompt-cache`).
     prompt_cache: Option<PromptCache>,
     /// Built on the first constrained generation.
@@ -234,6 +256,13 @@ impl Engine {
     /// Load the model `config` names and set the engine up as it says.
     pub fn open(config: &EngineConfig) -> Result<Self, OpenError> {
         let mut engine = Engine::load(config).map_err(OpenError::Model)?;
+        if let Some(source) = &config.draft_model {
+            let draft =
+                Engine::open_draft(&engine, source, config).map_err(OpenError::DraftModel)?;
+            engine.identity.draft_model = Some(draft.identity.model.clone());
+            engine.identity.draft_model_sha256 = Some(draft.identity.model_sha256.clone());
+            engine.draft = Some(Box::new(draft));
+        }
         if let Some(cache) = &config.prompt_cache {
             let opened = PromptCache::open(
                 &cache.dir,
@@ -247,6 +276,29 @@ impl Engine {
             })?);
         }
         Ok(engine)
+    }
+
+    /// The draft model `source`, for `target`: on the same device with the
+    /// same cache settings (device and dtype are chosen in one place, as for
+    /// the target), refused unless it tokenizes as `target` does.
+    fn open_draft(target: &Engine, source: &ModelSource, config: &EngineConfig) -> Result<Self> {
+        let draft = Engine::load(&EngineConfig {
+            source: source.clone(),
+            draft_tokens: 0,
+            draft_model: None,
+            prompt_cache: None,
+            ..config.clone()
+        })?;
+        if let Some(reason) =
+            speculative::tokenizer_difference(target.tokenizer(), draft.tokenizer())
+        {
+            return Err(Error::DraftTokenizerMismatch {
+                model: target.name().to_string(),
+                draft: draft.name().to_string(),
+                reason,
+            });
+        }
+        Ok(draft)
     }
 
     /// The model `engine_config.source` points at, with the caches in memory
@@ -314,6 +366,7 @@ impl Engine {
             slots,
             prefix_cache: engine_config.prefix_cache,
             draft_tokens: engine_config.draft_tokens,
+            draft: None,
             prompt_cache: None,
             grammars: std::cell::OnceCell::new(),
             token_marks: std::cell::OnceCell::new(),
@@ -327,6 +380,10 @@ impl Engine {
     /// sequences decoding side by side cost little more than one.
     pub fn sibling(&mut self) -> Result<Engine> {
         let model = self.model.share()?;
+        let draft = match self.draft.as_mut() {
+            Some(draft) => Some(Box::new(draft.sibling()?)),
+            None => None,
+        };
         let mut slots = CacheSlots::new(model.new_cache(), self.slots.limit());
         slots.set_byte_budget(self.slots.byte_budget());
         Ok(Engine {
@@ -336,6 +393,7 @@ impl Engine {
             slots,
             prefix_cache: self.prefix_cache,
             draft_tokens: self.draft_tokens,
+            draft,
             prompt_cache: self.prompt_cache.clone(),
             grammars: std::cell::OnceCell::new(),
             token_marks: self.token_marks.clone(),
@@ -372,6 +430,14 @@ impl Engine {
     /// With reuse off every call recomputes its whole prompt, for comparison.
     pub fn set_prefix_cache(&mut self, enabled: bool) {
         self.prefix_cache = enabled;
+        if let Some(draft) = self.draft.as_mut() {
+            draft.set_prefix_cache(enabled);
+        }
+    }
+
+    /// The draft model's name, when one drafts for this engine.
+    pub fn draft_model(&self) -> Option<&str> {
+        self.draft.as_deref().map(Engine::name)
     }
 
     /// Forget every cached sequence, so the next call starts cold, as on a
@@ -379,6 +445,9 @@ impl Engine {
     /// depend on their order. The storage stays allocated.
     pub fn clear_cache(&mut self) {
         self.slots.clear();
+        if let Some(draft) = self.draft.as_mut() {
+            draft.clear_cache();
+        }
     }
 
     /// The token ids whose keys and values the engine holds in the sequence

@@ -69,6 +69,8 @@ settings! {
     RequestTimeout => "request_timeout",
     /// `EngineConfig::prompt_cache`.
     PromptCache => "prompt_cache",
+    /// `EngineConfig::draft_model`, the small model that drafts tokens.
+    DraftModel => "draft_model",
 }
 
 /// How this process spells settings, when a front end has chosen.

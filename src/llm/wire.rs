@@ -407,6 +407,8 @@ impl PrismUsage {
             prefill_seconds: self.prefill_seconds,
             decode_steps: self.decode_steps,
             accepted_drafts: self.figures.accepted_drafts,
+            accepted_lookup_drafts: self.figures.accepted_lookup_drafts,
+            accepted_model_drafts: self.figures.accepted_model_drafts,
             decode_seconds: self.decode_seconds,
             mask_seconds: self.mask_seconds,
         }
@@ -417,6 +419,24 @@ impl PrismUsage {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_servers_usage_carries_accepted_drafts_by_source() {
+        let usage = Usage {
+            prompt_tokens: 5,
+            output_tokens: 7,
+            decode_steps: 6,
+            accepted_drafts: 4,
+            accepted_lookup_drafts: 1,
+            accepted_model_drafts: 3,
+            ..Usage::default()
+        };
+        let sent = serde_json::to_value(PrismUsage::of(&usage)).unwrap();
+        assert_eq!(sent["accepted_model_drafts"], 3);
+        assert_eq!(sent["accepted_lookup_drafts"], 1);
+        let read: PrismUsage = serde_json::from_value(sent).unwrap();
+        assert_eq!(read.usage(), usage);
+    }
 
     #[test]
     fn a_grammar_goes_out_under_vllms_name_and_comes_in_under_either() {

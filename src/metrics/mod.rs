@@ -25,10 +25,17 @@ pub struct Figures {
     pub prefill_tokens_per_second: f64,
     /// Generated tokens per second of decoding.
     pub decode_tokens_per_second: f64,
-    /// Generated tokens that had been drafted from earlier text and were
-    /// checked in the pass of the token before them (`--draft-tokens`).
+    /// Generated tokens that had been drafted, from earlier text
+    /// (`--draft-tokens`) or by the draft model (`--draft-model`), and were
+    /// checked in the pass of the token before them.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub accepted_drafts: usize,
+    /// Of `accepted_drafts`, those drafted from earlier text (prompt lookup).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub accepted_lookup_drafts: usize,
+    /// Of `accepted_drafts`, those proposed by the draft model (`--draft-model`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub accepted_model_drafts: usize,
     /// Share of decoding time spent computing grammar masks, in 0..=1.
     pub mask_share: f64,
 }
@@ -53,6 +60,8 @@ impl Figures {
             prefill_tokens_per_second: ratio(net_tokens as f64, usage.prefill_seconds),
             decode_tokens_per_second: ratio(usage.decode_steps as f64, usage.decode_seconds),
             accepted_drafts: usage.accepted_drafts,
+            accepted_lookup_drafts: usage.accepted_lookup_drafts,
+            accepted_model_drafts: usage.accepted_model_drafts,
             mask_share: ratio(usage.mask_seconds, usage.decode_seconds),
         }
     }
@@ -146,6 +155,8 @@ mod tests {
             prefill_seconds: 2.0,
             decode_steps: 199,
             accepted_drafts: 0,
+            accepted_lookup_drafts: 0,
+            accepted_model_drafts: 0,
             decode_seconds: 10.0,
             mask_seconds: 0.5,
         };
@@ -156,6 +167,45 @@ mod tests {
         assert!((figures.prefill_tokens_per_second - 155.0).abs() < 1e-9);
         assert!((figures.decode_tokens_per_second - 19.9).abs() < 1e-9);
         assert!((figures.mask_share - 0.05).abs() < 1e-12);
+    }
+
+    #[test]
+    fn accepted_drafts_are_reported_by_source() {
+        let call = Usage {
+            output_tokens: 20,
+            decode_steps: 19,
+            accepted_drafts: 9,
+            accepted_lookup_drafts: 4,
+            accepted_model_drafts: 5,
+            ..Usage::default()
+        };
+        let mut ledger = Ledger::default();
+        ledger.record(&call);
+        ledger.record(&call);
+        let figures = ledger.figures();
+        assert_eq!(
+            (
+                figures.accepted_drafts,
+                figures.accepted_lookup_drafts,
+                figures.accepted_model_drafts
+            ),
+            (18, 8, 10)
+        );
+        let line = serde_json::to_value(&figures).unwrap();
+        assert_eq!(line["accepted_model_drafts"], 10);
+        // Lines written before the counts by source existed still read.
+        let old: Usage = serde_json::from_str(
+            r#"{"prompt_tokens":3,"reused_tokens":0,"output_tokens":2,"prefill_seconds":0.1,
+                "decode_steps":2,"accepted_drafts":1,"decode_seconds":0.2,"mask_seconds":0.0}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (old.accepted_lookup_drafts, old.accepted_model_drafts),
+            (0, 0)
+        );
+        // Without drafts the fields stay out, so files keep their shape.
+        let plain = serde_json::to_string(&Figures::of(&Usage::default())).unwrap();
+        assert!(!plain.contains("drafts"), "{plain}");
     }
 
     #[test]

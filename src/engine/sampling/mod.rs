@@ -501,9 +501,56 @@ pub fn periodic_tail(tokens: &[u32]) -> Option<usize> {
     })
 }
 
+/// The distribution [`Sampler::pick`] draws from at `temperature` (above
+/// 0) with `top_k` and `top_p`, as candle's `LogitsProcessor` computes it:
+/// the softmax of `logits / temperature`, then all but the `top_k` most
+/// likely tokens set to zero, then the tokens past the smallest set whose
+/// probability reaches `top_p`, then normalized.
+pub fn probabilities(
+    logits: &[f32],
+    temperature: f64,
+    top_k: Option<usize>,
+    top_p: Option<f64>,
+) -> Vec<f32> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        return vec![0.0; logits.len()];
+    }
+    let scaled = |logit: f32| ((f64::from(logit) - f64::from(max)) / temperature).exp();
+    let mut probs: Vec<f32> = logits.iter().map(|&l| scaled(l) as f32).collect();
+    let sum: f32 = probs.iter().sum();
+    probs.iter_mut().for_each(|p| *p /= sum);
+    let mut by_probability: Vec<usize> = (0..probs.len()).collect();
+    by_probability.sort_by(|&i, &j| probs[j].total_cmp(&probs[i]));
+    if let Some(k) = top_k.filter(|&k| k < probs.len()) {
+        for &id in &by_probability[k..] {
+            probs[id] = 0.0;
+        }
+    }
+    if let Some(p) = top_p.filter(|&p| p < 1.0) {
+        let mut cumulative = 0.0;
+        for &id in &by_probability {
+            if cumulative >= p as f32 {
+                probs[id] = 0.0;
+            } else {
+                cumulative += probs[id];
+            }
+        }
+    }
+    let kept: f32 = probs.iter().sum();
+    if kept > 0.0 {
+        probs.iter_mut().for_each(|p| *p /= kept);
+    }
+    probs
+}
+
 /// A seeded token picker: the same seed and logits give the same tokens.
 pub struct Sampler {
     processor: LogitsProcessor,
+    /// 0 is greedy.
+    temperature: f64,
+    top_k: Option<usize>,
+    top_p: Option<f64>,
     repeat_penalty: f32,
     repeat_last_n: usize,
     dry: Dry,
@@ -530,6 +577,9 @@ impl Sampler {
         };
         Sampler {
             processor: LogitsProcessor::from_sampling(config.seed, sampling),
+            temperature: temperature.max(0.0),
+            top_k: config.top_k,
+            top_p: config.top_p,
             repeat_penalty: config.repeat_penalty,
             repeat_last_n: config.repeat_last_n,
             dry: Dry::of(config),
@@ -567,6 +617,17 @@ impl Sampler {
         }
         apply_bans(logits, &ngram_bans(generated, self.no_repeat_ngram));
         apply_bans(logits, &self.copy_source.bans(generated));
+    }
+
+    /// Whether [`Sampler::pick`] takes the most likely token.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+
+    /// The distribution [`Sampler::pick`] draws from given `logits` as
+    /// they are (see [`probabilities`]); `None` when it is greedy.
+    pub fn distribution(&self, logits: &[f32]) -> Option<Vec<f32>> {
+        (!self.is_greedy()).then(|| probabilities(logits, self.temperature, self.top_k, self.top_p))
     }
 
     /// Pick the next token from `logits` as they are.

@@ -381,3 +381,43 @@ fn the_copy_ban_forbids_what_would_complete_a_run_of_the_source() {
     assert!(source.bans(&[2]).is_empty());
     assert!(CopySource::new(&[1, 2, 3], 0).bans(&[1, 2]).is_empty());
 }
+
+/// The distribution draft-model decoding checks drafts against is the one
+/// candle's sampler draws from, with temperature, top-k and top-p.
+#[test]
+fn probabilities_are_what_the_sampler_draws_from() {
+    let values = [0.1f32, 2.0, 1.9, -1.0, 0.5];
+    let settings = [
+        (0.7, None, None),
+        (1.3, Some(3), None),
+        (1.0, None, Some(0.8)),
+        (0.9, Some(4), Some(0.9)),
+    ];
+    for (temperature, top_k, top_p) in settings {
+        let config = SamplingConfig {
+            temperature,
+            top_k,
+            top_p,
+            ..SamplingConfig::default()
+        };
+        let mut sampler = sampler(&config);
+        let expected = sampler.distribution(&values).unwrap();
+        assert_eq!(expected, probabilities(&values, temperature, top_k, top_p));
+        assert!((expected.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+        let draws = 40_000;
+        let mut counts = [0usize; 5];
+        for _ in 0..draws {
+            counts[sampler.pick(&logits()).unwrap() as usize] += 1;
+        }
+        for (id, &count) in counts.iter().enumerate() {
+            let seen = count as f32 / draws as f32;
+            assert!(
+                (seen - expected[id]).abs() < 0.015,
+                "{temperature} {top_k:?} {top_p:?}: token {id} drawn {seen}, expected {}",
+                expected[id]
+            );
+        }
+    }
+    let greedy = sampler(&SamplingConfig::default());
+    assert!(greedy.is_greedy() && greedy.distribution(&values).is_none());
+}
