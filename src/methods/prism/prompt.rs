@@ -99,7 +99,12 @@ pub(super) const SUMMARY_SYSTEM: &str = "You write clear, faithful summaries in 
 /// text and named no one. Its words were tried on the sample: asked also for
 /// "the third person", for "what it says" or for who wrote it, the model
 /// copied the text out; shown the summary of the piece before, it summarized
-/// that again.
+/// that again. Asked after the whole chunk on the revision prompt's opening
+/// (instructions and memory first, so that the summary, the people list and
+/// the revision call share a cached prefix), for at most 160 words, it
+/// copied the sample out; with copying masked it wrote the sample out again
+/// in the first person, with words run together, and the revision step that
+/// read it wrote people's names from the masked text ("eau de mer Reddick").
 pub(super) fn summary_request(fewest: usize) -> String {
     format!(
         "Summarize the following part of a document in {fewest} to {} sentences. \
