@@ -17,6 +17,23 @@ fn a_missing_model_file_is_one_error_line() {
 }
 
 #[test]
+fn perplexity_refuses_a_draft_model_before_loading_anything() {
+    // Neither model exists: the refusal comes before either is opened.
+    let result = run_prism(&[
+        "perplexity",
+        "/nonexistent/text.txt",
+        "--model",
+        "/nonexistent/model.gguf",
+        "--draft-model",
+        "/nonexistent/draft.gguf",
+    ]);
+    assert_one_error_line(
+        &result,
+        "--draft-model /nonexistent/draft.gguf does not apply",
+    );
+}
+
+#[test]
 fn a_bad_repetition_setting_is_one_error_line() {
     let result = run_prism(&[
         "generate",

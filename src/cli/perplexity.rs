@@ -28,6 +28,11 @@ pub struct PerplexityArgs {
 }
 
 pub fn run(args: PerplexityArgs) -> Result<()> {
+    // Perplexity scores the model's own prediction of every token, so a
+    // draft model would be loaded and never asked.
+    if let Some(draft) = &args.engine.draft_model {
+        anyhow::bail!("--draft-model {draft} does not apply to perplexity, which scores the model's own predictions: leave it out");
+    }
     let text = args.document_limit.read(&args.file)?;
     let windows = Windows {
         context: args.context,
