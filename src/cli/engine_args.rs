@@ -65,8 +65,10 @@ pub struct EngineArgs {
     /// decoding), named as --model is, e.g. qwen2.5-coder-0.5b-instruct for
     /// qwen2.5-coder-1.5b-instruct. Its tokenizer must be the model's. It runs on the same
     /// device with caches of its own; greedy output is the model's, and sampled output
-    /// follows the model's distribution. Each round drafts from it or from earlier text
-    /// (--draft-tokens), whichever has been kept more often lately.
+    /// follows the model's distribution. Each round drafts from earlier text (--draft-tokens)
+    /// when it has a draft that has been kept at least half as often as the model's lately,
+    /// else from the model. On two CPU cores the 0.5B Qwen drafting for the 1.5B did not
+    /// speed up text that does not repeat (docs/RESULTS.md).
     #[arg(long, value_name = "NAME")]
     pub draft_model: Option<String>,
 }

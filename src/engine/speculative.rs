@@ -123,6 +123,17 @@ pub struct Round {
 /// rounds say more about the text being written now than old ones.
 const RATE_WEIGHT: f64 = 0.3;
 
+/// How much more a lookup draft's acceptance counts than a model draft's
+/// in choosing between them. A model draft costs a pass of the draft
+/// model per token: on two cores of an Intel Xeon, the 0.5B Qwen drafting
+/// for the 1.5B took half a pass of the 1.5B per token, so a round of
+/// four model drafts costs about two passes more, while a lookup draft
+/// costs only its row in the checking pass. Chosen by acceptance
+/// alone, the model took the rounds lookup would have served on the
+/// README's sample and the run was no faster than without drafting
+/// (docs/RESULTS.md, "Drafted decoding").
+const LOOKUP_ADVANTAGE: f64 = 2.0;
+
 /// Which source to draft from, and how long a model draft is, from the
 /// rounds seen so far in a call.
 #[derive(Debug, Clone, PartialEq)]
@@ -165,12 +176,14 @@ impl DraftPlan {
 
     /// The source of the next round, given whether earlier text offers a
     /// draft and whether there is a draft model: the one expected to keep
-    /// the longer run. Lookup drafts cost no pass to make, so they win
-    /// ties: they are used when they exist and have been kept at least as
-    /// often as the model's lately.
+    /// more tokens for what it costs. Lookup drafts cost no pass to make, so
+    /// they are used when they exist and have been kept at least
+    /// [`LOOKUP_ADVANTAGE`] times less often than the model's lately.
     pub fn choose(&self, lookup_found: bool, model: bool) -> Option<DraftSource> {
         match (lookup_found, model) {
-            (true, true) if self.lookup_rate >= self.model_rate => Some(DraftSource::Lookup),
+            (true, true) if self.lookup_rate * LOOKUP_ADVANTAGE >= self.model_rate => {
+                Some(DraftSource::Lookup)
+            }
             (_, true) => Some(DraftSource::Model),
             (true, false) => Some(DraftSource::Lookup),
             (false, false) => None,
@@ -306,12 +319,20 @@ mod tests {
     }
 
     #[test]
-    fn the_plan_prefers_lookup_drafts_until_they_are_kept_less_often() {
+    fn the_plan_prefers_lookup_drafts_until_they_are_kept_far_less_often() {
         let mut plan = DraftPlan::default();
         assert_eq!(plan.choose(true, true), Some(DraftSource::Lookup));
         assert_eq!(plan.choose(false, true), Some(DraftSource::Model));
         assert_eq!(plan.choose(true, false), Some(DraftSource::Lookup));
         assert_eq!(plan.choose(false, false), None);
+        // Kept at 0.7 of the model's rate: still worth more than its drafts.
+        plan.record(Round {
+            source: DraftSource::Lookup,
+            drafted: 4,
+            accepted: 0,
+        });
+        assert_eq!(plan.choose(true, true), Some(DraftSource::Lookup));
+        // At 0.49 of it, no longer.
         plan.record(Round {
             source: DraftSource::Lookup,
             drafted: 4,
