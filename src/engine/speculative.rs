@@ -177,8 +177,8 @@ impl DraftPlan {
     /// The source of the next round, given whether earlier text offers a
     /// draft and whether there is a draft model: the one expected to keep
     /// more tokens for what it costs. Lookup drafts cost no pass to make, so
-    /// they are used when they exist and have been kept at least
-    /// [`LOOKUP_ADVANTAGE`] times less often than the model's lately.
+    /// they are used when they exist and their recent acceptance, times
+    /// [`LOOKUP_ADVANTAGE`], is at least the model's.
     pub fn choose(&self, lookup_found: bool, model: bool) -> Option<DraftSource> {
         match (lookup_found, model) {
             (true, true) if self.lookup_rate * LOOKUP_ADVANTAGE >= self.model_rate => {
