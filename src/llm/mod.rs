@@ -2,6 +2,8 @@
 //! [`Backend`] is where the calls run, the local engine or a remote server.
 
 mod dialect;
+#[cfg(test)]
+pub mod fake;
 mod grammar_check;
 pub mod probe;
 pub mod remote;

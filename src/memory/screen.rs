@@ -143,6 +143,14 @@ fn speaks_as(word: &str, first: &str) -> bool {
             && chars.as_str() == &first[1..])
 }
 
+/// Whether `text` speaks in the first person outside its quotations.
+pub fn speaks_in_first_person(text: &str) -> bool {
+    text.split(['"', '\u{201c}', '\u{201d}'])
+        .step_by(2)
+        .flat_map(|unquoted| unquoted.split(|c: char| !c.is_alphabetic()))
+        .any(|word| FIRST_PERSON.iter().any(|first| speaks_as(word, first)))
+}
+
 impl Screen {
     /// A screen against `reference`: every text the model was shown that is
     /// not the document or the memory.
@@ -213,17 +221,11 @@ impl Screen {
     /// never without a summary shown, which tells the source in the third
     /// person (a text told as "I" is still noted as someone's account).
     fn first_person(&self, text: &str) -> bool {
-        if self.read.is_empty() {
-            return false;
-        }
-        text.split(['"', '\u{201c}', '\u{201d}'])
-            .step_by(2)
-            .flat_map(|unquoted| unquoted.split(|c: char| !c.is_alphabetic()))
-            .any(|word| FIRST_PERSON.iter().any(|first| speaks_as(word, first)))
+        !self.read.is_empty() && speaks_in_first_person(text)
     }
 
     /// Whether `text` repeats a run of [`COPY_RUN_WORDS`] words of the source.
-    fn copies_source(&self, text: &str) -> bool {
+    pub fn copies_source(&self, text: &str) -> bool {
         !self.source.is_empty()
             && words(text)
                 .windows(COPY_RUN_WORDS)

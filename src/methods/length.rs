@@ -293,8 +293,7 @@ pub fn last_sentence_end(text: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::remote::CacheFigures;
-    use crate::llm::{complete_in_turn_checking_after, Completion, ModelInfo, TokenCounter};
+    use crate::llm::fake::{Fake, Reply};
 
     fn chunk(words: usize) -> Chunk {
         Chunk {
@@ -336,54 +335,17 @@ mod tests {
         masked: Vec<bool>,
     }
 
-    impl FirstSentence {
-        fn reply(&mut self, prompt: &Prompt) -> Completion {
+    impl Reply for FirstSentence {
+        fn reply(&mut self, prompt: &Prompt) -> String {
             let text = prompt.segments.concat();
             self.prompts.push(text.clone());
             let masked = prompt.source.and_then(|source| source.no_copy_tokens);
             self.masked.push(masked == Some(MERGE_NO_COPY_TOKENS));
             let merged = text.split("\n\n").nth(1).unwrap_or_default();
-            Completion {
-                text: match self.copies_unless_masked && masked.is_none() {
-                    true => merged.trim().to_string(),
-                    false => split_sentences(merged)[0].clone(),
-                },
-                usage: Default::default(),
+            match self.copies_unless_masked && masked.is_none() {
+                true => merged.trim().to_string(),
+                false => split_sentences(merged)[0].clone(),
             }
-        }
-    }
-
-    impl Llm for FirstSentence {
-        fn complete_each(
-            &mut self,
-            requests: &[Request<'_>],
-            done: &mut dyn FnMut(usize),
-        ) -> Result<Vec<Completion>> {
-            complete_in_turn_checking_after(
-                requests,
-                done,
-                |request| Ok(self.reply(request.prompt)),
-            )
-        }
-        fn info(&self) -> ModelInfo<'_> {
-            ModelInfo {
-                context_tokens: 4096,
-                concurrency: 1,
-                cache_figures: CacheFigures::Measured,
-                counter: &Words,
-            }
-        }
-    }
-
-    /// Tokens counted as words.
-    struct Words;
-
-    impl TokenCounter for Words {
-        fn count_tokens(&self, text: &str) -> Result<usize> {
-            Ok(words(text))
-        }
-        fn prompt_tokens(&self, prompt: &Prompt) -> Result<usize> {
-            Ok(words(&prompt.segments.concat()))
         }
     }
 
@@ -392,14 +354,16 @@ mod tests {
         let notes: Vec<String> = (1..=12)
             .map(|i| format!("Note {i} tells of one event in about ten words."))
             .collect();
-        let mut llm = FirstSentence::default();
+        let mut llm = Fake(FirstSentence::default());
         // 120 words of notes to 50: two runs of six, each merged into one.
         let condensed = condense(&mut llm, &notes, 50).unwrap();
-        assert_eq!(llm.prompts.len(), 2);
-        assert!(llm.prompts[0].starts_with("Summarize in one sentence of at most 25 words"));
-        assert!(llm.prompts[0].contains("Note 1 tells") && llm.prompts[0].contains("Note 6 tells"));
+        assert_eq!(llm.0.prompts.len(), 2);
+        assert!(llm.0.prompts[0].starts_with("Summarize in one sentence of at most 25 words"));
         assert!(
-            llm.prompts[1].contains("Note 7 tells") && llm.prompts[1].contains("Note 12 tells")
+            llm.0.prompts[0].contains("Note 1 tells") && llm.0.prompts[0].contains("Note 6 tells")
+        );
+        assert!(
+            llm.0.prompts[1].contains("Note 7 tells") && llm.0.prompts[1].contains("Note 12 tells")
         );
         assert_eq!(
             condensed.text,
@@ -413,14 +377,14 @@ mod tests {
         let notes: Vec<String> = (1..=12)
             .map(|i| format!("Note {i} tells of one event in about ten words."))
             .collect();
-        let mut llm = FirstSentence {
+        let mut llm = Fake(FirstSentence {
             copies_unless_masked: true,
             ..FirstSentence::default()
-        };
+        });
         let condensed = condense(&mut llm, &notes, 50).unwrap();
         // Two merges copied out, then the same two with copying masked.
-        assert_eq!(llm.masked, [false, false, true, true]);
-        assert_eq!(llm.prompts[0], llm.prompts[2]);
+        assert_eq!(llm.0.masked, [false, false, true, true]);
+        assert_eq!(llm.0.prompts[0], llm.0.prompts[2]);
         assert_eq!(condensed.calls.len(), 4);
         assert_eq!(words(&condensed.text), 20);
     }
@@ -430,11 +394,13 @@ mod tests {
         let notes: Vec<String> = (1..=40)
             .map(|i| format!("Note {i} tells of one event in about ten words."))
             .collect();
-        let mut llm = FirstSentence::default();
+        let mut llm = Fake(FirstSentence::default());
         // 400 words to 50: not two runs of twenty notes but four of ten.
         let condensed = condense(&mut llm, &notes, 50).unwrap();
-        assert_eq!(llm.prompts.len(), 4);
-        assert!(llm.prompts[0].contains("Note 10 tells") && !llm.prompts[0].contains("Note 11 "));
+        assert_eq!(llm.0.prompts.len(), 4);
+        assert!(
+            llm.0.prompts[0].contains("Note 10 tells") && !llm.0.prompts[0].contains("Note 11 ")
+        );
         assert_eq!(words(&condensed.text), 40);
     }
 
@@ -445,22 +411,22 @@ mod tests {
             .map(|note| note.to_string())
             .chain((1..=12).map(|i| format!("Note {i} tells of one event in about ten words.")))
             .collect();
-        let mut llm = FirstSentence::default();
+        let mut llm = Fake(FirstSentence::default());
         condense(&mut llm, &notes, 50).unwrap();
         assert!(
-            llm.prompts[0]
+            llm.0.prompts[0]
                 .contains("\n\nAda: the keeper. Mr. Jory Vass: the inspector. Note 1 tells"),
             "{}",
-            llm.prompts[0]
+            llm.0.prompts[0]
         );
     }
 
     #[test]
     fn text_within_its_target_is_left_as_written() {
-        let mut llm = FirstSentence::default();
+        let mut llm = Fake(FirstSentence::default());
         let text = "1. Keep tools dull.\n2. Jam the locks.";
         assert_eq!(to_length(&mut llm, text, 120).unwrap().text, text);
-        assert!(llm.prompts.is_empty());
+        assert!(llm.0.prompts.is_empty());
     }
 
     #[test]

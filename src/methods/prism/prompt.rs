@@ -126,6 +126,33 @@ pub(super) const PEOPLE_EXAMPLE_WHO: &str = "the ship's cook";
 
 pub(super) const PEOPLE_REQUEST: &str = "Who are the people in the following text? List each one on its own line, like \"- Jane Doe: the ship's cook\", and the writer too if the text says \"I\". List only people, not places or boats.\n\n";
 
+/// The request that opens the call rewriting one sentence of a piece's
+/// summary that speaks as the text's writer ("Tomas and I took turns"),
+/// before the sentence. A summary of a text told as "I" keeps its "I", and
+/// the notes, which must be in the third person, cannot say who that was.
+/// Asked to summarize in the third person, Qwen2.5-Coder-1.5B copied the
+/// text out (see [`summary_request`]); asked to rewrite one sentence with
+/// the writer named, it changes the pronouns and keeps the rest.
+pub(super) fn third_person_request(writer: &str) -> String {
+    format!(
+        "Write the following sentence again in the third person. \
+         In it, \"I\", \"me\" and \"my\" mean {writer}, and \"we\", \"us\" and \"our\" mean {writer} and the people with them. \
+         Answer with the new sentence alone.\n\n"
+    )
+}
+
+/// The request that opens the call rewriting one sentence of a piece's
+/// summary that copies a run of the text, before the sentence. The
+/// revision step notes the summary sentence by sentence, and a note that
+/// copies the text is refused; Qwen2.5-Coder-1.5B, refused, wrote the same
+/// note again until the step stopped, and the chunk's later events were
+/// never noted. Asked to say one sentence again in fewer words, it keeps
+/// the names and the facts and drops the text's turns of phrase.
+pub(super) const SHORTER_REQUEST: &str = "Say the following sentence again in fewer words of your own, keeping who did what. Answer with the new sentence alone.\n\n";
+
+/// Who "I" is in [`third_person_request`] when the people list names no writer.
+pub(super) const UNNAMED_WRITER: &str = "the writer of the text";
+
 /// The system turn of a final answer to a query (`AnswerForm::Direct`).
 pub(super) const QUERY_SYSTEM: &str =
     "You answer a question about a long document from the notes you kept while reading it.";

@@ -1,13 +1,18 @@
 //! How PRISM reads a chunk before it revises the memory: a plain summary of
 //! each piece of it, and a list of the people it names.
 
-use super::prompt::PEOPLE_EXAMPLE_WHO;
+use super::prompt::{
+    third_person_request, PEOPLE_EXAMPLE_WHO, SHORTER_REQUEST, SUMMARY_SYSTEM, UNNAMED_WRITER,
+};
 use super::Prism;
 use crate::chunk::Chunk;
 use crate::error::Result;
-use crate::llm::Llm;
+use crate::llm::{Llm, Prompt, Source};
+use crate::memory::screen::speaks_in_first_person;
+use crate::memory::Screen;
 use crate::memory::{render_revision, JsonPath, Revision};
 use crate::methods::baseline::Call;
+use crate::methods::length::MERGE_NO_COPY_TOKENS;
 use crate::metrics::copying::DocumentWords;
 
 /// The most words of a chunk one summary call reads. Qwen2.5-Coder-1.5B
@@ -39,8 +44,11 @@ pub(super) struct ChunkSummary {
 /// Summarize `chunk` piece by piece, pieces of at most [`WORDS_PER_SUMMARY`]
 /// words ending at paragraph or sentence ends, each in a few sentences. A
 /// piece's summary that copies the piece out ([`COPIED_SUMMARY`]) is asked
-/// for again with fewer sentences. The people the chunk names are listed in
-/// a call of their own.
+/// for again with fewer sentences, and the least copied of its summaries is
+/// kept: asked for fewer, Qwen2.5-Coder-1.5B copied more. The people the
+/// chunk names are listed in a call of their own, and then each sentence
+/// of the summary is brought into the form a note must take
+/// ([`in_own_words`]).
 pub(super) fn summarize(llm: &mut dyn Llm, chunk: &Chunk) -> Result<ChunkSummary> {
     let words = |text: &str| text.split_whitespace().count();
     let mut summary = ChunkSummary {
@@ -51,26 +59,137 @@ pub(super) fn summarize(llm: &mut dyn Llm, chunk: &Chunk) -> Result<ChunkSummary
     for piece in crate::chunk::split(&chunk.text, WORDS_PER_SUMMARY, &words)? {
         let text = DocumentWords::new(&piece.text);
         let mut sentences = (words(&piece.text) / WORDS_PER_SENTENCE).clamp(2, 5);
+        let mut least_copied: Option<(f64, String)> = None;
         for attempt in 1..=SUMMARY_ATTEMPTS {
             let prompt = Prism::summary_prompt(&piece, sentences);
             let call = Call::run(llm, &prompt, (sentences + 2) * TOKENS_PER_SENTENCE)?;
             let written = call.summary().to_string();
             let copied = text.copying(&[&written]).copied_8gram_share;
             summary.calls.push(call);
+            if least_copied
+                .as_ref()
+                .is_none_or(|(least, _)| copied < *least)
+            {
+                least_copied = Some((copied, written));
+            }
             if copied < COPIED_SUMMARY || attempt == SUMMARY_ATTEMPTS || sentences == 1 {
-                if !summary.text.is_empty() {
-                    summary.text.push(' ');
-                }
-                summary.text.push_str(&written);
                 break;
             }
             sentences = (sentences / 2).max(1);
+        }
+        if let Some((_, written)) = least_copied {
+            if !summary.text.is_empty() {
+                summary.text.push(' ');
+            }
+            summary.text.push_str(&written);
         }
     }
     let call = Call::run(llm, &Prism::people_prompt(chunk), PEOPLE_TOKENS)?;
     summary.people = people_listed(call.summary(), &chunk.text);
     summary.calls.push(call);
+    let writer = writer(&summary.people).unwrap_or(UNNAMED_WRITER);
+    let copies = Screen::new([]).with_source(&chunk.text, None);
+    let mut told = Vec::new();
+    for sentence in crate::sentences::split_sentences(&summary.text) {
+        if let Some(sentence) = in_own_words(llm, sentence, writer, &copies, &mut summary.calls)? {
+            told.push(sentence);
+        }
+    }
+    summary.text = told.join(" ");
     Ok(summary)
+}
+
+/// `sentence` of a piece's summary as a note can take it: in the third
+/// person, with "I" as `writer`, and copying no run of the chunk that
+/// `copies` refuses. A sentence that is neither is kept as it is; one that
+/// is rewritten and still speaks as "I" or copies the chunk is left out,
+/// since the revision step would refuse its note and, refused, write it
+/// again until it stopped.
+fn in_own_words(
+    llm: &mut dyn Llm,
+    mut sentence: String,
+    writer: &str,
+    copies: &Screen,
+    calls: &mut Vec<Call>,
+) -> Result<Option<String>> {
+    if speaks_in_first_person(&sentence) {
+        let request = third_person_request(writer);
+        match rewrite(llm, &request, &sentence, None, calls)? {
+            Some(rewritten) => sentence = rewritten,
+            None => return Ok(None),
+        }
+    }
+    for no_copy_tokens in [None, Some(MERGE_NO_COPY_TOKENS)] {
+        if !copies.copies_source(&sentence) {
+            return Ok(Some(sentence));
+        }
+        if let Some(shorter) = rewrite(llm, SHORTER_REQUEST, &sentence, no_copy_tokens, calls)?
+            .filter(|shorter| words(shorter) <= words(&sentence))
+        {
+            sentence = shorter;
+        }
+    }
+    Ok((!copies.copies_source(&sentence)).then_some(sentence))
+}
+
+/// `sentence` rewritten as `request` asks, copying no run of
+/// `no_copy_tokens` tokens of it when given; `None` when the answer is
+/// empty, speaks in the first person, or runs on past one sentence.
+fn rewrite(
+    llm: &mut dyn Llm,
+    request: &str,
+    sentence: &str,
+    no_copy_tokens: Option<usize>,
+    calls: &mut Vec<Call>,
+) -> Result<Option<String>> {
+    let prompt = Prompt {
+        system: Some(SUMMARY_SYSTEM.to_string()),
+        segments: vec![request.to_string(), format!("{sentence}\n")],
+        source: Some(Source {
+            segment: 1,
+            no_copy_tokens,
+        }),
+    };
+    let budget = words(sentence) * TOKENS_PER_REWRITTEN_WORD + REWRITE_SPARE_TOKENS;
+    let call = Call::run(llm, &prompt, budget)?;
+    let rewritten = call
+        .summary()
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    calls.push(call);
+    let kept = !rewritten.is_empty()
+        && !speaks_in_first_person(&rewritten)
+        && words(&rewritten) <= 2 * words(sentence) + REWRITE_SPARE_WORDS;
+    Ok(kept.then_some(rewritten))
+}
+
+fn words(text: &str) -> usize {
+    text.split_whitespace().count()
+}
+
+/// Tokens a rewritten sentence may spend per word of the sentence, and a
+/// few more for the names that replace "I" and "we".
+const TOKENS_PER_REWRITTEN_WORD: usize = 3;
+const REWRITE_SPARE_TOKENS: usize = 20;
+/// Words a rewritten sentence may add beyond twice its own: more is the
+/// model going on past the sentence, and the answer is not used.
+const REWRITE_SPARE_WORDS: usize = 10;
+
+/// The person a people list gives as the text's writer ("- Ada Penhallow:
+/// the writer"), as the people request asks for one who says "I".
+fn writer(people: &[(String, String)]) -> Option<&str> {
+    people
+        .iter()
+        .find(|(_, who)| {
+            let who = who.to_lowercase();
+            ["writer", "narrator", "author"]
+                .iter()
+                .any(|role| who.contains(role))
+        })
+        .map(|(name, _)| name.as_str())
 }
 
 /// Tokens the list of a chunk's people may spend.
@@ -145,6 +264,102 @@ pub(super) fn people_revisions(people: &[(String, String)]) -> String {
 mod tests {
     use super::super::prompt::PEOPLE_REQUEST;
     use super::*;
+    use crate::llm::fake::{Fake, Reply};
+
+    /// A model that rewrites as asked: in the third person it puts the
+    /// writer named in the request for "I" (or, while `stays_in_first_person`,
+    /// writes the sentence back unchanged); in fewer words it keeps the
+    /// sentence's first five words.
+    #[derive(Default)]
+    struct Rewriter {
+        requests: Vec<String>,
+        stays_in_first_person: bool,
+    }
+
+    impl Reply for Rewriter {
+        fn reply(&mut self, prompt: &Prompt) -> String {
+            let (request, sentence) = (&prompt.segments[0], prompt.segments[1].trim());
+            self.requests.push(request.clone());
+            if !request.starts_with("Write the following sentence again") {
+                let first: Vec<&str> = sentence.split_whitespace().take(5).collect();
+                return format!("{}.", first.join(" "));
+            }
+            let named = request.split(" mean ").nth(1).unwrap_or_default();
+            let writer = named.split(',').next().unwrap_or_default();
+            match self.stays_in_first_person {
+                true => sentence.to_string(),
+                false => sentence.replace(" I ", &format!(" {writer} ")),
+            }
+        }
+    }
+
+    const CHUNK: &str = "A gale from the south-west drove the swell over the landing stage and tore away the lower rungs of the ladder.";
+
+    fn told(llm: &mut Fake<Rewriter>, sentence: &str) -> Option<String> {
+        let copies = Screen::new([]).with_source(CHUNK, None);
+        let mut calls = Vec::new();
+        let told = in_own_words(
+            llm,
+            sentence.to_string(),
+            "Ada Penhallow",
+            &copies,
+            &mut calls,
+        );
+        assert_eq!(calls.len(), llm.0.requests.len());
+        told.unwrap()
+    }
+
+    #[test]
+    fn a_sentence_in_the_third_person_in_its_own_words_is_kept_without_a_call() {
+        let mut llm = Fake(Rewriter::default());
+        let sentence = "A storm broke the ladder.";
+        assert_eq!(told(&mut llm, sentence).as_deref(), Some(sentence));
+        assert!(llm.0.requests.is_empty());
+    }
+
+    #[test]
+    fn a_sentence_told_as_i_is_told_again_with_the_writer_named() {
+        let mut llm = Fake(Rewriter::default());
+        let told = told(&mut llm, "Tomas and I mended the pane.");
+        assert_eq!(
+            told.as_deref(),
+            Some("Tomas and Ada Penhallow mended the pane.")
+        );
+        assert_eq!(llm.0.requests.len(), 1);
+    }
+
+    #[test]
+    fn a_sentence_still_told_as_i_after_its_rewrite_is_left_out() {
+        let mut llm = Fake(Rewriter {
+            stays_in_first_person: true,
+            ..Rewriter::default()
+        });
+        assert_eq!(told(&mut llm, "Tomas and I mended the pane."), None);
+    }
+
+    #[test]
+    fn a_sentence_that_copies_the_chunk_is_said_again_in_fewer_words() {
+        let mut llm = Fake(Rewriter::default());
+        let copied = format!("On Friday {}", CHUNK.to_lowercase());
+        assert_eq!(
+            told(&mut llm, &copied).as_deref(),
+            Some("On Friday a gale from.")
+        );
+        assert_eq!(llm.0.requests, [SHORTER_REQUEST]);
+    }
+
+    #[test]
+    fn the_writer_is_the_person_the_people_list_calls_so() {
+        let people = [
+            ("Tomas Reddick".to_string(), "the assistant".to_string()),
+            (
+                "Ada Penhallow".to_string(),
+                "the writer of the log".to_string(),
+            ),
+        ];
+        assert_eq!(writer(&people), Some("Ada Penhallow"));
+        assert_eq!(writer(&people[..1]), None);
+    }
 
     #[test]
     fn a_people_list_becomes_one_revision_per_person() {
