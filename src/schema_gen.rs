@@ -353,6 +353,7 @@ fn attempt_prompt(
         system: Some(SYSTEM.to_string()),
         segments,
         source: None,
+        shared_segments: None,
     }
 }
 

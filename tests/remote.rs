@@ -162,6 +162,7 @@ fn complete(backend: &mut Backend) -> prism::Result<Completion> {
         system: None,
         segments: vec!["w1 w2".to_string()],
         source: None,
+        shared_segments: None,
     };
     let grammar = Grammar::Dialects {
         lark: "start: \"w3\"\n".into(),

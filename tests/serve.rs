@@ -240,6 +240,7 @@ fn the_servers_cached_tokens_are_the_engines_reused_tokens() {
             system: Some("w11 w12".into()),
             segments,
             source: None,
+            shared_segments: None,
         };
         let local = local
             .llm(GenerateOptions::default())
@@ -294,6 +295,7 @@ fn the_remote_constraint_names_the_field_the_grammar_goes_in() {
             system: None,
             segments: vec!["ab".to_string()],
             source: None,
+            shared_segments: None,
         };
         let grammar = Grammar::Dialects {
             lark: "start: \"abc\"\n".into(),
@@ -350,6 +352,7 @@ fn the_server_tokenizes_so_a_client_of_another_model_is_refused() {
         system: None,
         segments: vec!["ab".to_string()],
         source: None,
+        shared_segments: None,
     };
     let refused = remote
         .llm(GenerateOptions::default())
@@ -595,6 +598,7 @@ fn a_refused_line_closes_the_stream_where_the_local_engine_stops() {
         system: None,
         segments: vec!["List five colors, one per line.".into()],
         source: None,
+        shared_segments: None,
     };
     let third_line = |kept: &str, _line: &str| {
         if kept.lines().count() >= 2 {

@@ -38,7 +38,9 @@ pub struct EngineArgs {
     /// Also keep the KV of each generated sequence on disk in DIR, and start a prompt from
     /// the stored prefix that matches most of it: a resumed run, or a second process with the
     /// same instructions, does not encode that prefix again. Sequences are stored in blocks of
-    /// 256 tokens that shared prefixes share; blocks are checked before use (see `prism cache`).
+    /// 256 tokens that shared prefixes share; of PRISM's calls only the whole blocks of what the
+    /// next call starts with (instructions and memory). Blocks are checked before use (see
+    /// `prism cache`).
     #[arg(long, value_name = "DIR")]
     pub prompt_cache: Option<std::path::PathBuf>,
     /// The most disk --prompt-cache may take (`512M`, `8G`); the least recently used blocks go first.

@@ -295,7 +295,7 @@ impl Engine {
         drop(decoding);
         drop(draft_decoding);
         usage.decode_seconds = decode_start.elapsed().as_secs_f64();
-        self.store_to_disk();
+        self.store_to_disk(options.shared_prefix_tokens);
         let text = match cut_text {
             Some(text) => text,
             None => self.format.tokenizer().decode(&tokens, true)?,

@@ -119,6 +119,11 @@ pub struct GenerateOptions {
     /// (`sampling.no_copy_ngram`): the chunk a prompt asks to summarize.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub copy_source: Vec<u32>,
+    /// Tokens at the start of the prompt that later prompts may share:
+    /// only their whole blocks are kept in the prompt cache on disk.
+    /// `None` keeps the whole sequence, output included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_prefix_tokens: Option<usize>,
 }
 
 impl Default for GenerateOptions {
@@ -129,6 +134,7 @@ impl Default for GenerateOptions {
             stop: Vec::new(),
             grammar: None,
             copy_source: Vec::new(),
+            shared_prefix_tokens: None,
         }
     }
 }
@@ -593,12 +599,18 @@ impl Engine {
         }
     }
 
-    /// Keep the active sequence on disk for later processes (not when prefix
-    /// reuse is off: nothing would restore it). Failing to write costs only
+    /// Keep the active sequence on disk for later processes, or only its
+    /// first `shared_prefix_tokens` (not when prefix reuse is off: nothing
+    /// would restore it). Failing to write costs only
     /// that, so it is a warning, not an error.
-    fn store_to_disk(&self) {
+    fn store_to_disk(&self, shared_prefix_tokens: Option<usize>) {
         if let Some(disk) = self.prompt_cache.as_ref().filter(|_| self.prefix_cache) {
-            if let Err(err) = disk.store(&self.slots.active().cache) {
+            let cache = &self.slots.active().cache;
+            let stored = match shared_prefix_tokens {
+                Some(shared) => disk.store_prefix(cache, shared),
+                None => disk.store(cache),
+            };
+            if let Err(err) = stored {
                 tracing::warn!("prompt cache: not stored: {err}");
             }
         }

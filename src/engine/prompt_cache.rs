@@ -148,7 +148,24 @@ impl PromptCache {
     /// until the total fits the budget. A chain is stored only as far as
     /// its blocks fit the budget together.
     pub fn store(&self, cache: &KvCache) -> Result<()> {
-        let tokens = cache.tokens();
+        self.store_first(cache, cache.len())
+    }
+
+    /// Store only the whole blocks within the first `shared` positions of
+    /// `cache`: the prefix later prompts may share. What follows it (a
+    /// chunk read once, the answer to it) no later prompt starts with, and
+    /// a prefix that grows call by call, as PRISM's memory does, would have
+    /// its last, partial block written again at every call; whole blocks are
+    /// written once. Up to a block's worth of the prefix is computed again
+    /// when it is restored.
+    pub fn store_prefix(&self, cache: &KvCache, shared: usize) -> Result<()> {
+        let whole_blocks = shared.min(cache.len()) / BLOCK_TOKENS * BLOCK_TOKENS;
+        self.store_first(cache, whole_blocks)
+    }
+
+    /// Store the first `len` positions of `cache`, as [`PromptCache::store`] says.
+    fn store_first(&self, cache: &KvCache, len: usize) -> Result<()> {
+        let tokens = &cache.tokens()[..len];
         if tokens.is_empty() {
             return Ok(());
         }
@@ -185,7 +202,7 @@ impl PromptCache {
             }
             // Read once, and only when some block is new.
             if layers.is_none() {
-                layers = Some(cache.prefix_tensors(cache.len())?);
+                layers = Some(cache.prefix_tensors(len)?);
             }
             let all = layers.as_ref().expect("the prefix tensors were just read");
             let bytes = self.encode_block(parent, block_tokens, geometry, all, start)?;

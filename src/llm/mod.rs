@@ -11,6 +11,7 @@ mod side_by_side;
 pub mod wire;
 
 use crate::engine::constraint::Grammar;
+use crate::engine::kv_cache::common_prefix;
 use crate::engine::prompt_format::PromptFormat;
 use crate::engine::{check_lines_after, Engine, EngineIdentity, GenerateOptions, LineCheck, Usage};
 use crate::error::{Error, Result};
@@ -28,6 +29,10 @@ pub struct Prompt {
     pub segments: Vec<String>,
     /// The segment that holds the text to summarize (local engine only).
     pub source: Option<Source>,
+    /// How many leading segments later prompts may start with: a prompt
+    /// cache on disk keeps only their KV, not the one-off rest. `None`:
+    /// the whole sequence may be shared.
+    pub shared_segments: Option<usize>,
 }
 
 /// The segment of a prompt the output may not copy long runs of tokens from.
@@ -355,10 +360,21 @@ impl<'a> EngineLlm<'a> {
             Some(text) if no_copy_ngram > 0 => self.engine.tokenizer().encode(text)?,
             _ => Vec::new(),
         };
+        let shared_prefix_tokens = match prompt.shared_segments {
+            Some(shared) => {
+                let segments = &prompt.segments[..shared.min(prompt.segments.len())];
+                let shared_ids = self
+                    .engine
+                    .segmented_chat_prompt(prompt.system.as_deref(), segments)?;
+                Some(common_prefix(&ids, &shared_ids))
+            }
+            None => None,
+        };
         let mut options = GenerateOptions {
             max_tokens: request.max_tokens,
             grammar: request.grammar.cloned(),
             copy_source,
+            shared_prefix_tokens,
             ..self.options.clone()
         };
         options.sampling.no_copy_ngram = no_copy_ngram;

@@ -122,6 +122,7 @@ pub fn part_prompt(
         system: Some(SYSTEM.to_string()),
         segments,
         source: Some(Source::segment(source)),
+        shared_segments: None,
     }
 }
 

@@ -175,6 +175,7 @@ impl<'a> Hierarchical<'a> {
             system: Some(SYSTEM.to_string()),
             segments,
             source: None,
+            shared_segments: None,
         }
     }
 

@@ -100,6 +100,7 @@ impl<'a> Incremental<'a> {
                 format!("\nWrite the updated summary of everything so far, in at most {words} words. Output only the summary."),
             ],
             source: Some(Source::segment(2)),
+            shared_segments: None,
         }
     }
 
@@ -115,6 +116,7 @@ impl<'a> Incremental<'a> {
                 format!("\nWrite the shorter summary in at most {words} words, ending with a full sentence. Output only the summary."),
             ],
             source: None,
+            shared_segments: None,
         }
     }
 

@@ -85,6 +85,7 @@ pub fn merge_prompt(sentences: &[&str], no_copy_tokens: Option<usize>) -> Prompt
             segment: 0,
             no_copy_tokens,
         }),
+        shared_segments: Some(0),
     }
 }
 

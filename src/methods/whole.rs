@@ -110,6 +110,7 @@ impl<'a> Whole<'a> {
                 request,
             ],
             source: (self.config.answer_form == AnswerForm::Summary).then_some(Source::segment(1)),
+            shared_segments: None,
         }
     }
 }

@@ -50,6 +50,7 @@ pub fn passage_prompt(passage: &str, request: Vec<String>) -> Prompt {
         system: Some(SYSTEM.to_string()),
         segments,
         source: None,
+        shared_segments: None,
     }
 }
 
@@ -344,6 +345,7 @@ pub fn answer_prompt(summary: &str, question: &str) -> Prompt {
             format!("\nQuestion: {}\nAnswer in a few words:\n", question.trim()),
         ],
         source: None,
+        shared_segments: None,
     }
 }
 

@@ -136,6 +136,7 @@ impl GenerationFields {
                 stop,
                 grammar: self.grammar()?,
                 copy_source: Vec::new(),
+                shared_prefix_tokens: None,
             },
             stream: self.stream,
             include_usage: self

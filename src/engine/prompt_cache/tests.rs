@@ -521,3 +521,30 @@ fn clear_removes_every_block_and_index() {
     assert!(block_files(&cache).is_empty());
     assert_eq!(cache.longest_prefix(&tokens(1, 10)).unwrap(), None);
 }
+
+#[test]
+fn a_shared_prefix_is_stored_as_its_whole_blocks_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = open(dir.path(), 1 << 30);
+    let sequence = tokens(5, 3 * BLOCK_TOKENS + 40);
+    let shared = 2 * BLOCK_TOKENS + 100;
+    cache.store_prefix(&cache_of(&sequence), shared).unwrap();
+    assert_eq!(block_files(&cache).len(), 2);
+    let back = restored(&cache, &sequence);
+    assert_eq!(back.tokens(), &sequence[..2 * BLOCK_TOKENS]);
+    assert_eq!(contents(&back), contents(&cache_of(back.tokens())));
+
+    // The prefix grown by a few tokens, as a memory is by one more
+    // revision, writes nothing new until it fills another block.
+    let grown = [&sequence[..shared], &[60, 61, 62]].concat();
+    cache.store_prefix(&cache_of(&grown), shared + 3).unwrap();
+    assert_eq!(block_files(&cache).len(), 2);
+
+    // Less than one block is not stored at all.
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = open(other_dir.path(), 1 << 30);
+    other
+        .store_prefix(&cache_of(&sequence), BLOCK_TOKENS - 1)
+        .unwrap();
+    assert!(block_files(&other).is_empty());
+}

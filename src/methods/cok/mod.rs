@@ -274,6 +274,7 @@ impl<'a> Cok<'a> {
             system: Some(SYSTEM.to_string()),
             segments,
             source: None,
+            shared_segments: None,
         }
     }
 

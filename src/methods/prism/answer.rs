@@ -26,6 +26,7 @@ impl Prism<'_> {
                 system: Some(CONDENSE_SYSTEM.to_string()),
                 segments: vec![EMPTY_MEMORY.to_string()],
                 source: None,
+                shared_segments: Some(0),
             };
             let completion = llm.complete(&prompt, length::tokens_for(target), None)?;
             return Ok(completion.text.trim().to_string());

@@ -333,6 +333,9 @@ impl<'a> Prism<'a> {
     ) -> Prompt {
         let mut segments = vec![self.preamble.clone()];
         segments.extend(self.memory_segments(state));
+        // The next step's prompt starts with the same preamble and memory,
+        // and with amendments with all of it; the chunk is read once.
+        let shared_segments = Some(segments.len());
         let (heading, shown) = match summary {
             Some(summary) => ("Summary of chunk", summary),
             None => ("Text (chunk", chunk.text.as_str()),
@@ -348,6 +351,7 @@ impl<'a> Prism<'a> {
             system: Some(SYSTEM.to_string()),
             segments,
             source: None,
+            shared_segments,
         }
     }
 
@@ -361,6 +365,7 @@ impl<'a> Prism<'a> {
                 format!("{}\n", piece.text.trim_end()),
             ],
             source: Some(Source::segment(1)),
+            shared_segments: Some(1),
         }
     }
 
@@ -373,6 +378,7 @@ impl<'a> Prism<'a> {
                 format!("{}\n", chunk.text.trim_end()),
             ],
             source: None,
+            shared_segments: Some(1),
         }
     }
 
@@ -388,6 +394,7 @@ impl<'a> Prism<'a> {
                 &self.config.query,
             )],
             source: None,
+            shared_segments: Some(0),
         }
     }
 

@@ -149,6 +149,7 @@ fn rewrite(
             segment: 1,
             no_copy_tokens,
         }),
+        shared_segments: Some(1),
     };
     let budget = words(sentence) * TOKENS_PER_REWRITTEN_WORD + REWRITE_SPARE_TOKENS;
     let call = Call::run(llm, &prompt, budget)?;

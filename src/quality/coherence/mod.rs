@@ -201,6 +201,7 @@ pub fn verdict_prompt(summary: &str, sentence: &str) -> Prompt {
             ),
         ],
         source: None,
+        shared_segments: None,
     }
 }
 
