@@ -306,6 +306,11 @@ impl Engine {
         }
     }
 
+    /// Whether sequences are also kept on disk (`--prompt-cache`).
+    pub fn keeps_prompts_on_disk(&self) -> bool {
+        self.prompt_cache.is_some()
+    }
+
     /// The draft model's name, when one drafts for this engine.
     pub fn draft_model(&self) -> Option<&str> {
         self.draft.as_deref().map(Engine::name)

@@ -360,7 +360,12 @@ impl<'a> EngineLlm<'a> {
             Some(text) if no_copy_ngram > 0 => self.engine.tokenizer().encode(text)?,
             _ => Vec::new(),
         };
-        let shared_prefix_tokens = match prompt.shared_segments {
+        // Only a prompt cache on disk reads the mark; without one the
+        // shared segments are not tokenized a second time.
+        let shared_segments = prompt
+            .shared_segments
+            .filter(|_| self.engine.keeps_prompts_on_disk());
+        let shared_prefix_tokens = match shared_segments {
             Some(shared) => {
                 let segments = &prompt.segments[..shared.min(prompt.segments.len())];
                 let shared_ids = self

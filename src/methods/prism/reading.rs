@@ -12,7 +12,7 @@ use crate::memory::screen::speaks_in_first_person;
 use crate::memory::Screen;
 use crate::memory::{render_revision, JsonPath, Revision};
 use crate::methods::baseline::Call;
-use crate::methods::length::MERGE_NO_COPY_TOKENS;
+use crate::methods::length::{words, MERGE_NO_COPY_TOKENS};
 use crate::metrics::copying::DocumentWords;
 
 /// The most words of a chunk one summary call reads. Qwen2.5-Coder-1.5B
@@ -50,7 +50,6 @@ pub(super) struct ChunkSummary {
 /// of the summary is brought into the form a note must take
 /// ([`in_own_words`]).
 pub(super) fn summarize(llm: &mut dyn Llm, chunk: &Chunk) -> Result<ChunkSummary> {
-    let words = |text: &str| text.split_whitespace().count();
     let mut summary = ChunkSummary {
         text: String::new(),
         people: Vec::new(),
@@ -165,10 +164,6 @@ fn rewrite(
         && !speaks_in_first_person(&rewritten)
         && words(&rewritten) <= 2 * words(sentence) + REWRITE_SPARE_WORDS;
     Ok(kept.then_some(rewritten))
-}
-
-fn words(text: &str) -> usize {
-    text.split_whitespace().count()
 }
 
 /// Tokens a rewritten sentence may spend per word of the sentence, and a
