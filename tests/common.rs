@@ -420,3 +420,13 @@ impl TokenCounter for Chars {
         Ok(ScriptedLlm::chars(prompt).len())
     }
 }
+
+/// The largest difference between two logit vectors `(vocab,)`.
+pub fn max_abs_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
+    let (a, b) = (a.to_vec1::<f32>().unwrap(), b.to_vec1::<f32>().unwrap());
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}

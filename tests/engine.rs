@@ -1,7 +1,7 @@
 //! The engine's central promise: logits computed with a reused KV prefix equal
 //! those of a fresh cache, for every shape of overlap between prompts.
 
-use crate::common::{write_tiny_model, TinyArch, TINY_CONTEXT, TINY_VOCAB};
+use crate::common::{max_abs_diff, write_tiny_model, TinyArch, TINY_CONTEXT, TINY_VOCAB};
 use prism::engine::device::DeviceChoice;
 use prism::engine::kv_cache::KvDtype;
 use prism::engine::source::ModelSource;
@@ -45,16 +45,6 @@ fn tiny_config(arch: TinyArch, dir: &tempfile::TempDir) -> EngineConfig {
         dir: dir.path().to_path_buf(),
         name: format!("tiny-{arch:?}"),
     })
-}
-
-fn max_abs_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
-    let a = a.to_vec1::<f32>().unwrap();
-    let b = b.to_vec1::<f32>().unwrap();
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// Between `lengths.start` and `lengths.end - 1` random word ids.

@@ -1,7 +1,7 @@
 //! `--prompt-cache`: prefixes kept on disk are restored by later processes,
 //! which then encode only what a process that never stopped would have.
 
-use crate::common::{run_prism, tiny_chat_model, words_document};
+use crate::common::{max_abs_diff, run_prism, tiny_chat_model, words_document};
 use prism::engine::source::ModelSource;
 use prism::engine::{Engine, EngineConfig, GenerateOptions, PromptCacheConfig};
 use std::path::{Path, PathBuf};
@@ -169,15 +169,6 @@ fn store_prompt(model: &Path, kv: &Path, prompt: &[u32]) {
     };
     let mut engine = tiny_engine(model, Some(kv));
     engine.generate(prompt, &options).unwrap();
-}
-
-fn max_abs_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
-    let (a, b) = (a.to_vec1::<f32>().unwrap(), b.to_vec1::<f32>().unwrap());
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// Two whole blocks and part of a third, restored by another engine, give

@@ -22,6 +22,7 @@ mod remote;
 mod repetition;
 mod sample;
 mod schema_gen;
+mod segment_reuse;
 mod serve;
 mod smollm2;
 mod source;

@@ -7,6 +7,7 @@ use clap::Args;
 use prism::engine::device::{self, DeviceChoice};
 use prism::engine::kv_cache::KvDtype;
 use prism::engine::model::PrefillWeights;
+use prism::engine::segments::{SegmentReuse, DEFAULT_MIN_TOKENS, DEFAULT_RECOMPUTE_TOKENS};
 use prism::engine::{Engine, EngineConfig, OpenError, PromptCacheConfig, DEFAULT_DRAFT_TOKENS};
 use std::time::Instant;
 
@@ -73,6 +74,20 @@ pub struct EngineArgs {
     /// speed up text that does not repeat (docs/RESULTS.md).
     #[arg(long, value_name = "NAME")]
     pub draft_model: Option<String>,
+    /// Where a prompt leaves the cached sequence it continues (a memory edited in the middle),
+    /// still take the keys and values of later runs of at least --segment-min-tokens tokens
+    /// that a cached sequence holds, moved to their new positions, computing the first
+    /// --segment-recompute tokens of each again. Faster, and approximate: the taken rows were
+    /// computed after other text (docs/RESULTS.md measures the drift). Off, only the exact
+    /// prefix is reused.
+    #[arg(long)]
+    pub reuse_segments: bool,
+    /// The shortest cached run --reuse-segments takes.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MIN_TOKENS as u16, requires = "reuse_segments", value_parser = clap::value_parser!(u16).range(1..))]
+    pub segment_min_tokens: u16,
+    /// Leading tokens of each run --reuse-segments takes that are computed again.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_RECOMPUTE_TOKENS as u16, requires = "reuse_segments")]
+    pub segment_recompute: u16,
 }
 
 fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
@@ -120,6 +135,15 @@ impl EngineArgs {
                 dir: dir.clone(),
                 budget_bytes: self.prompt_cache_size as u64,
             }),
+            segment_reuse: self.segment_reuse(),
+        })
+    }
+
+    /// What --reuse-segments and its settings ask for, when given.
+    pub fn segment_reuse(&self) -> Option<SegmentReuse> {
+        self.reuse_segments.then_some(SegmentReuse {
+            min_tokens: usize::from(self.segment_min_tokens),
+            recompute_tokens: usize::from(self.segment_recompute),
         })
     }
 

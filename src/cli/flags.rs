@@ -37,6 +37,7 @@ pub fn flag(setting: Setting) -> &'static str {
         Setting::RequestTimeout => "--request-timeout",
         Setting::PromptCache => "--prompt-cache",
         Setting::DraftModel => "--draft-model",
+        Setting::SegmentReuse => "--reuse-segments",
     }
 }
 

@@ -148,8 +148,14 @@ pub fn describe(f: &Figures) -> String {
         0 => String::new(),
         restored => format!(", restored from disk {restored}"),
     };
+    let segments = match (f.segment_tokens, f.recomputed_tokens) {
+        (0, 0) => String::new(),
+        (taken, recomputed) => {
+            format!(", taken from cached segments {taken} (recomputed {recomputed})")
+        }
+    };
     format!(
-        "prompt {} tokens, reused {} ({:.1}%){restored}, net {}, output {}, cost index {:.6}, prefill {:.1} tok/s, decode {:.1} tok/s",
+        "prompt {} tokens, reused {} ({:.1}%){restored}{segments}, net {}, output {}, cost index {:.6}, prefill {:.1} tok/s, decode {:.1} tok/s",
         f.prompt_tokens,
         f.reused_tokens,
         100.0 * f.cache_hit_rate,

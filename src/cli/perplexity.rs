@@ -1,5 +1,6 @@
 //! `prism perplexity FILE`: the model's perplexity on a text, windowed and scored as
-//! llama.cpp's `llama-perplexity` does, to compare the two on one GGUF file.
+//! llama.cpp's `llama-perplexity` does, to compare the two on one GGUF file; with
+//! `--reuse-segments`, how far segment reuse moves the model's predictions.
 
 use super::{DocumentLimit, EngineArgs};
 use anyhow::Result;
@@ -21,6 +22,15 @@ pub struct PerplexityArgs {
     /// Print the result as one JSON object.
     #[arg(long)]
     json: bool,
+    /// With --reuse-segments: how many tokens longer the text before each window's middle
+    /// third was when that third was cached, so its reused keys move back by this much.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 24,
+        requires = "reuse_segments"
+    )]
+    segment_shift: usize,
     #[command(flatten)]
     document_limit: DocumentLimit,
     #[command(flatten)]
@@ -40,6 +50,26 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     };
     let mut engine = args.engine.open()?;
     windows.validate(engine.context_tokens())?;
+    if let Some(reuse) = args.engine.segment_reuse() {
+        let fidelity = engine.segment_fidelity(&text, windows, args.segment_shift, reuse)?;
+        if args.json {
+            outln!("{}", serde_json::to_string(&fidelity)?)?;
+        } else {
+            outln!(
+                "perplexity {:.4} with segment reuse against {:.4} computed whole ({:+.2}%), mean KL {:.5} nats (max {:.3}) over {} tokens in {} windows; {} tokens taken, {} recomputed",
+                fidelity.reused_perplexity,
+                fidelity.exact_perplexity,
+                100.0 * fidelity.perplexity_change,
+                fidelity.mean_kl,
+                fidelity.max_kl,
+                fidelity.scored_tokens,
+                fidelity.windows,
+                fidelity.taken_tokens,
+                fidelity.recomputed_tokens,
+            )?;
+        }
+        return Ok(());
+    }
     let result = engine.perplexity(&text, windows, &mut |window, running| {
         note!("[{window}] {running:.4}");
     })?;

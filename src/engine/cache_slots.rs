@@ -41,6 +41,11 @@ impl CacheSlots {
         }
     }
 
+    /// Every slot's cache, the active one among them.
+    pub fn caches(&self) -> impl Iterator<Item = &KvCache> {
+        self.slots.iter().map(|slot| &slot.cache)
+    }
+
     /// The most sequences kept.
     pub fn limit(&self) -> usize {
         self.limit

@@ -16,6 +16,15 @@ pub struct Usage {
     /// on disk (`--prompt-cache`); none of them is also counted as reused.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub restored_tokens: usize,
+    /// Prompt tokens whose keys and values were taken from a run of a
+    /// cached sequence at another position (`--reuse-segments`); none of
+    /// them is also counted as reused or restored.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub segment_tokens: usize,
+    /// Prompt tokens of such runs that were computed anyway, to fit them to
+    /// what now precedes them. They are computed, not reused.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub recomputed_tokens: usize,
     /// Tokens sampled, including an end-of-turn token that stopped generation.
     pub output_tokens: usize,
     pub prefill_seconds: f64,
@@ -51,6 +60,8 @@ impl std::ops::AddAssign<&Usage> for Usage {
         self.prompt_tokens += other.prompt_tokens;
         self.reused_tokens += other.reused_tokens;
         self.restored_tokens += other.restored_tokens;
+        self.segment_tokens += other.segment_tokens;
+        self.recomputed_tokens += other.recomputed_tokens;
         self.output_tokens += other.output_tokens;
         self.prefill_seconds += other.prefill_seconds;
         self.decode_steps += other.decode_steps;

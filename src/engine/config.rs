@@ -4,6 +4,7 @@
 use super::device::DeviceChoice;
 use super::kv_cache::KvDtype;
 use super::model::PrefillWeights;
+use super::segments::SegmentReuse;
 use super::source::ModelSource;
 use crate::error::{Error, Setting};
 use std::path::PathBuf;
@@ -52,12 +53,19 @@ pub struct EngineConfig {
     /// a prompt from the stored chain of blocks that shares the most of it
     /// when memory holds less.
     pub prompt_cache: Option<PromptCacheConfig>,
+    /// Where a prompt leaves the cached sequence it continues, still take
+    /// the keys and values of the later runs it shares with a cached
+    /// sequence, moved to their new positions (see `engine::segments`).
+    /// Approximate: the taken rows were computed after other text. `None`
+    /// reuses the exact prefix only.
+    pub segment_reuse: Option<SegmentReuse>,
 }
 
 impl EngineConfig {
     /// `source` on the device the build is for, with an f32 KV cache,
     /// prefix reuse in one slot without a byte bound, drafting from
-    /// earlier text but no draft model, and no prompt cache on disk.
+    /// earlier text but no draft model, no prompt cache on disk and no
+    /// segment reuse.
     pub fn new(source: ModelSource) -> Self {
         EngineConfig {
             source,
@@ -70,6 +78,7 @@ impl EngineConfig {
             draft_tokens: DEFAULT_DRAFT_TOKENS,
             draft_model: None,
             prompt_cache: None,
+            segment_reuse: None,
         }
     }
 }

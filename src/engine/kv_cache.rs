@@ -395,17 +395,33 @@ impl KvCache {
     /// Each layer's keys and values for the first `len` positions, shaped
     /// `(1, kv_heads, len, head_dim)` and contiguous.
     pub(crate) fn prefix_tensors(&self, len: usize) -> Result<Vec<(Tensor, Tensor)>> {
-        let len = len.min(self.len);
+        self.rows(0, len.min(self.len))
+    }
+
+    /// Each layer's keys and values at positions `start..start + len`, as
+    /// stored, in tensors of their own: writing this cache afterwards does
+    /// not change them.
+    pub(crate) fn rows(&self, start: usize, len: usize) -> Result<Vec<(Tensor, Tensor)>> {
+        if start + len > self.len {
+            return Err(crate::Error::invalid(
+                "KV cache",
+                format!(
+                    "positions {start}..{} asked of {} cached",
+                    start + len,
+                    self.len
+                ),
+            ));
+        }
         self.layers
             .iter()
             .map(|layer| {
                 let layer = layer.as_ref().ok_or_else(|| {
                     crate::Error::invalid("KV cache", "a layer holds nothing yet")
                 })?;
-                let prefix = |t: &Tensor| t.narrow(2, 0, len)?.contiguous();
+                let rows = |t: &Tensor| t.narrow(2, start, len)?.force_contiguous();
                 Ok((
-                    prefix(&layer.keys).context("reading a cached prefix")?,
-                    prefix(&layer.values).context("reading a cached prefix")?,
+                    rows(&layer.keys).context("reading cached rows")?,
+                    rows(&layer.values).context("reading cached rows")?,
                 ))
             })
             .collect()
@@ -420,7 +436,26 @@ impl KvCache {
         tokens: &[u32],
         layers: &[(Tensor, Tensor)],
     ) -> Result<()> {
-        let expected = (1, self.kv_heads, tokens.len(), self.row_width());
+        self.check_stored(tokens.len(), layers)?;
+        self.truncate(0);
+        self.write_after(tokens, layers, "restoring a cached prefix")
+    }
+
+    /// Append `tokens` after the cached positions with keys and values
+    /// already computed, shaped as [`KvCache::load_prefix`] takes them.
+    pub(crate) fn append_stored(
+        &mut self,
+        tokens: &[u32],
+        layers: &[(Tensor, Tensor)],
+    ) -> Result<()> {
+        self.check_stored(tokens.len(), layers)?;
+        self.write_after(tokens, layers, "reusing cached rows")
+    }
+
+    /// An error unless `layers` holds keys and values of `count` positions
+    /// for every layer, in this cache's shape and dtype.
+    fn check_stored(&self, count: usize, layers: &[(Tensor, Tensor)]) -> Result<()> {
+        let expected = (1, self.kv_heads, count, self.row_width());
         if layers.len() != self.layers.len() {
             return Err(crate::Error::invalid(
                 "KV cache",
@@ -446,19 +481,26 @@ impl KvCache {
                 }
             }
         }
-        self.truncate(0);
+        Ok(())
+    }
+
+    /// Write checked `layers` for `tokens` after the cached positions;
+    /// `what` names the write in an error.
+    fn write_after(
+        &mut self,
+        tokens: &[u32],
+        layers: &[(Tensor, Tensor)],
+        what: &str,
+    ) -> Result<()> {
         if tokens.is_empty() {
             return Ok(());
         }
         self.reserve(tokens.len())?;
+        let at = self.len;
         for (to, (keys, values)) in self.layers.iter().zip(layers) {
             let to = to.as_ref().expect("reserve() allocates every layer");
-            to.keys
-                .slice_set(keys, 2, 0)
-                .context("restoring a cached prefix")?;
-            to.values
-                .slice_set(values, 2, 0)
-                .context("restoring a cached prefix")?;
+            to.keys.slice_set(keys, 2, at).context(what)?;
+            to.values.slice_set(values, 2, at).context(what)?;
         }
         self.commit(tokens);
         Ok(())

@@ -19,6 +19,7 @@ mod pool;
 pub mod prompt_cache;
 pub mod prompt_format;
 pub mod sampling;
+pub mod segments;
 pub mod source;
 pub mod speculative;
 pub mod tokenizer;
@@ -36,11 +37,12 @@ use candle_core::Tensor;
 use chat::ChatMessage;
 use constraint::Grammars;
 use device::DeviceChoice;
-use kv_cache::KvDtype;
+use kv_cache::{KvCache, KvDtype};
 use model::{Config, Pass, PrefillWeights, Transformer, WeightFile};
 use prompt_cache::PromptCache;
 use prompt_format::PromptFormat;
 use sampling::TokenMarks;
+use segments::{Piece, SegmentReuse};
 use sha2::{Digest, Sha256};
 use source::ModelSource;
 use std::path::Path;
@@ -76,6 +78,9 @@ pub struct EngineIdentity {
     pub draft_model: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub draft_model_sha256: Option<String>,
+    /// Reused segments are approximate: they change the logits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub segment_reuse: Option<SegmentReuse>,
 }
 
 impl EngineIdentity {
@@ -97,6 +102,7 @@ impl EngineIdentity {
             cache_bytes: None,
             draft_model: None,
             draft_model_sha256: None,
+            segment_reuse: None,
         }
     }
 }
@@ -117,6 +123,8 @@ pub struct Engine {
     draft: Option<Box<Engine>>,
     /// Prefixes kept on disk across processes (`--prompt-cache`).
     prompt_cache: Option<PromptCache>,
+    /// Cached runs taken at new positions ([`EngineConfig::segment_reuse`]).
+    segment_reuse: Option<SegmentReuse>,
     /// Built on the first constrained generation.
     grammars: std::cell::OnceCell<Grammars>,
     /// Built on the first generation with DRY or the loop guard.
@@ -158,6 +166,7 @@ impl Engine {
             draft_tokens: 0,
             draft_model: None,
             prompt_cache: None,
+            segment_reuse: None,
             ..config.clone()
         })?;
         if let Some(reason) =
@@ -183,6 +192,12 @@ impl Engine {
             let digest = scope.spawn(|| model_digest(source));
             let chosen = device::resolve(engine_config.device);
             let device = device::open(chosen)?;
+            if engine_config.kv_dtype == KvDtype::Q8 && engine_config.segment_reuse.is_some() {
+                return Err(Error::invalid_setting(
+                    Setting::SegmentReuse,
+                    "moves cached keys, which a q8 cache stores as integers; use f32, f16 or bf16",
+                ));
+            }
             if engine_config.kv_dtype == KvDtype::Q8 && !device.is_cpu() {
                 return Err(Error::invalid_setting(
                     Setting::KvDtype,
@@ -217,7 +232,8 @@ impl Engine {
             let digest = digest
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
-            let identity = EngineIdentity::new(name, digest, prefill, chosen, kv_dtype);
+            let mut identity = EngineIdentity::new(name, digest, prefill, chosen, kv_dtype);
+            identity.segment_reuse = engine_config.segment_reuse;
             Engine::new(identity, model, format, engine_config)
         })
     }
@@ -239,6 +255,7 @@ impl Engine {
             draft_tokens: engine_config.draft_tokens,
             draft: None,
             prompt_cache: None,
+            segment_reuse: engine_config.segment_reuse,
             grammars: std::cell::OnceCell::new(),
             token_marks: std::cell::OnceCell::new(),
         })
@@ -266,6 +283,7 @@ impl Engine {
             draft_tokens: self.draft_tokens,
             draft,
             prompt_cache: self.prompt_cache.clone(),
+            segment_reuse: self.segment_reuse,
             grammars: std::cell::OnceCell::new(),
             token_marks: self.token_marks.clone(),
         })
@@ -415,21 +433,89 @@ impl Engine {
         // At least the last prompt token must run to produce its logits.
         let reused = shared.min(prompt.len() - 1);
         let cached = reused + restored;
+        let start = Instant::now();
+        let encoding = self.encoding_after(prompt, cached)?;
+        let slot = self.slots.active_mut();
         slot.cache.truncate(cached);
         slot.prompt_logits = None;
-        let start = Instant::now();
-        let logits = self
-            .model
-            .forward(&prompt[cached..], &mut slot.cache, Pass::Prompt)?;
+        let mut logits = None;
+        for step in encoding.steps {
+            match step {
+                Encode::Compute(range) => {
+                    let computed =
+                        self.model
+                            .forward(&prompt[range], &mut slot.cache, Pass::Prompt)?;
+                    logits = Some(computed);
+                }
+                Encode::Take { range, layers } => {
+                    slot.cache.append_stored(&prompt[range], &layers)?;
+                }
+            }
+        }
+        let logits = logits.ok_or_else(|| Error::invalid("prompt", "no token was computed"))?;
         slot.prompt_logits = Some((prompt.len(), logits.clone()));
         let usage = Usage {
             prompt_tokens: prompt.len(),
             reused_tokens: reused,
             restored_tokens: restored,
+            segment_tokens: encoding.taken,
+            recomputed_tokens: encoding.recomputed,
             prefill_seconds: start.elapsed().as_secs_f64(),
             ..Usage::default()
         };
         Ok((logits, usage))
+    }
+
+    /// How `prompt` is encoded after its first `cached` tokens: computed
+    /// whole, or with segment reuse, in stretches computed and runs taken
+    /// from the cached sequences. The taken rows are read out (their keys
+    /// moved to their new positions) before anything is written, since the
+    /// active slot's own tail may be among them.
+    fn encoding_after(&self, prompt: &[u32], cached: usize) -> Result<Encoding> {
+        let whole = Encoding {
+            steps: vec![Encode::Compute(cached..prompt.len())],
+            taken: 0,
+            recomputed: 0,
+        };
+        let Some(reuse) = self.segment_reuse.filter(|_| self.prefix_cache) else {
+            return Ok(whole);
+        };
+        let caches: Vec<&KvCache> = self.slots.caches().collect();
+        let sources: Vec<&[u32]> = caches.iter().map(|cache| cache.tokens()).collect();
+        let plan = segments::plan(prompt, cached, &sources, reuse);
+        let taken = plan.reused();
+        let steps = plan
+            .pieces
+            .into_iter()
+            .map(|piece| match piece {
+                Piece::Compute(range) => Ok(Encode::Compute(range)),
+                Piece::Reuse {
+                    at,
+                    source,
+                    from,
+                    len,
+                } => {
+                    let delta = at as i64 - from as i64;
+                    let layers = caches[source]
+                        .rows(from, len)?
+                        .into_iter()
+                        .map(|(keys, values)| match delta {
+                            0 => Ok((keys, values)),
+                            _ => Ok((self.model.model().shift_keys(&keys, delta)?, values)),
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    Ok(Encode::Take {
+                        range: at..at + len,
+                        layers,
+                    })
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Encoding {
+            steps,
+            taken,
+            recomputed: plan.recomputed,
+        })
     }
 
     /// When the prompt cache on disk holds more of `prompt` than the `shared`
@@ -539,6 +625,26 @@ impl Engine {
         )?;
         Ok(self.grammars.get_or_init(|| built))
     }
+}
+
+/// A prompt's encoding after its cached prefix ([`Engine::encoding_after`]).
+struct Encoding {
+    steps: Vec<Encode>,
+    /// Prompt tokens taken from cached runs.
+    taken: usize,
+    /// Tokens of matched runs computed anyway.
+    recomputed: usize,
+}
+
+/// One stretch of a prompt's encoding, in order.
+enum Encode {
+    /// Run these prompt positions through the model.
+    Compute(std::ops::Range<usize>),
+    /// Append the keys and values `layers` for these prompt positions.
+    Take {
+        range: std::ops::Range<usize>,
+        layers: Vec<(Tensor, Tensor)>,
+    },
 }
 
 /// Open a GGUF file and read its header. candle's reader divides by the

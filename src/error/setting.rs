@@ -71,6 +71,8 @@ settings! {
     PromptCache => "prompt_cache",
     /// `EngineConfig::draft_model`, the small model that drafts tokens.
     DraftModel => "draft_model",
+    /// `EngineConfig::segment_reuse`.
+    SegmentReuse => "segment_reuse",
 }
 
 /// How this process spells settings, when a front end has chosen.

@@ -224,14 +224,17 @@ pub struct ApiUsage {
 }
 
 impl ApiUsage {
-    /// Cached tokens are those not computed again: reused from memory or restored from disk.
+    /// Cached tokens are those not computed again: reused from memory,
+    /// restored from disk or taken from a cached segment.
     pub fn of(usage: &Usage) -> Self {
         ApiUsage {
             prompt_tokens: usage.prompt_tokens,
             completion_tokens: usage.output_tokens,
             total_tokens: usage.prompt_tokens + usage.output_tokens,
             prompt_tokens_details: Some(PromptTokensDetails {
-                cached_tokens: Some(usage.reused_tokens + usage.restored_tokens),
+                cached_tokens: Some(
+                    usage.reused_tokens + usage.restored_tokens + usage.segment_tokens,
+                ),
             }),
             prism: Some(PrismUsage::of(usage)),
         }
@@ -403,6 +406,8 @@ impl PrismUsage {
             prompt_tokens: self.figures.prompt_tokens,
             reused_tokens: self.figures.reused_tokens,
             restored_tokens: self.figures.restored_tokens,
+            segment_tokens: self.figures.segment_tokens,
+            recomputed_tokens: self.figures.recomputed_tokens,
             output_tokens: self.figures.output_tokens,
             prefill_seconds: self.prefill_seconds,
             decode_steps: self.decode_steps,

@@ -14,11 +14,21 @@ pub struct Figures {
     /// Read from the prompt cache on disk.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub restored_tokens: usize,
-    /// Prompt tokens actually computed: prompt − reused − restored.
+    /// Taken from cached runs at other positions (`--reuse-segments`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub segment_tokens: usize,
+    /// Of the computed tokens, those of such runs computed anyway.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub recomputed_tokens: usize,
+    /// Prompt tokens actually computed: prompt − reused − restored − segment.
     pub net_tokens: usize,
     pub output_tokens: usize,
-    /// reused / prompt, in 0..=1: the prefix cache in memory only.
+    /// reused / prompt, in 0..=1: the exact prefix cache in memory only.
     pub cache_hit_rate: f64,
+    /// (reused + segment) / prompt, in 0..=1: the hit rate counting reused
+    /// segments; left out when none was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment_hit_rate: Option<f64>,
     /// (net + 3 × output) / 10⁶, as PRISM defines it.
     pub cost_index: f64,
     /// Net prompt tokens per second of prefill.
@@ -46,16 +56,27 @@ impl Figures {
             prompt_tokens,
             reused_tokens,
             restored_tokens,
+            segment_tokens,
+            recomputed_tokens,
             net_tokens,
             output_tokens,
         } = Tokens::of(usage);
+        let segment_hit_rate = (segment_tokens + recomputed_tokens > 0).then(|| {
+            ratio(
+                (reused_tokens + segment_tokens) as f64,
+                prompt_tokens as f64,
+            )
+        });
         Figures {
             prompt_tokens,
             reused_tokens,
             restored_tokens,
+            segment_tokens,
+            recomputed_tokens,
             net_tokens,
             output_tokens,
             cache_hit_rate: ratio(usage.reused_tokens as f64, usage.prompt_tokens as f64),
+            segment_hit_rate,
             cost_index: (net_tokens as f64 + 3.0 * usage.output_tokens as f64) / 1e6,
             prefill_tokens_per_second: ratio(net_tokens as f64, usage.prefill_seconds),
             decode_tokens_per_second: ratio(usage.decode_steps as f64, usage.decode_seconds),
@@ -84,7 +105,13 @@ pub struct Tokens {
     /// Read from the prompt cache on disk.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub restored_tokens: usize,
-    /// Prompt tokens actually computed: prompt − reused − restored.
+    /// Taken from cached runs at other positions (`--reuse-segments`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub segment_tokens: usize,
+    /// Of the computed tokens, those of such runs computed anyway.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub recomputed_tokens: usize,
+    /// Prompt tokens actually computed: prompt − reused − restored − segment.
     pub net_tokens: usize,
     pub output_tokens: usize,
 }
@@ -95,7 +122,12 @@ impl Tokens {
             prompt_tokens: usage.prompt_tokens,
             reused_tokens: usage.reused_tokens,
             restored_tokens: usage.restored_tokens,
-            net_tokens: usage.prompt_tokens - usage.reused_tokens - usage.restored_tokens,
+            segment_tokens: usage.segment_tokens,
+            recomputed_tokens: usage.recomputed_tokens,
+            net_tokens: usage.prompt_tokens
+                - usage.reused_tokens
+                - usage.restored_tokens
+                - usage.segment_tokens,
             output_tokens: usage.output_tokens,
         }
     }
@@ -151,6 +183,8 @@ mod tests {
             prompt_tokens: 1000,
             reused_tokens: 690,
             restored_tokens: 0,
+            segment_tokens: 0,
+            recomputed_tokens: 0,
             output_tokens: 200,
             prefill_seconds: 2.0,
             decode_steps: 199,

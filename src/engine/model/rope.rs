@@ -13,6 +13,8 @@ use candle_core::{DType, Device, Tensor};
 pub(super) struct Rope {
     pub(super) cos: Tensor,
     pub(super) sin: Tensor,
+    /// Each pair of a head's values turns by its frequency times the position.
+    inv_freq: Vec<f32>,
     interleaved: bool,
 }
 
@@ -77,19 +79,32 @@ fn append_runs(
 
 impl Rope {
     pub(super) fn new(config: &Config, device: &Device) -> Result<Self> {
-        let half = config.head_dim / 2;
+        Rope::with(
+            config.head_dim,
+            config.rope_theta,
+            config.context_tokens,
+            config.rope_interleaved,
+            device,
+        )
+    }
+
+    /// The tables of heads of `head_dim` values for `positions` positions.
+    fn with(
+        head_dim: usize,
+        theta: f64,
+        positions: usize,
+        interleaved: bool,
+        device: &Device,
+    ) -> Result<Self> {
+        let half = head_dim / 2;
         let inv_freq: Vec<f32> = (0..half)
-            .map(|i| {
-                (1.0 / config
-                    .rope_theta
-                    .powf(2.0 * i as f64 / config.head_dim as f64)) as f32
-            })
+            .map(|i| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)) as f32)
             .collect();
         let tables = || -> candle_core::Result<(Tensor, Tensor)> {
-            let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
-            let positions = Tensor::arange(0u32, config.context_tokens as u32, device)?
+            let inv_freq = Tensor::from_vec(inv_freq.clone(), (1, half), device)?;
+            let positions = Tensor::arange(0u32, positions as u32, device)?
                 .to_dtype(DType::F32)?
-                .reshape((config.context_tokens, 1))?;
+                .reshape((positions, 1))?;
             let angles = positions.matmul(&inv_freq)?;
             Ok((angles.cos()?, angles.sin()?))
         };
@@ -97,8 +112,33 @@ impl Rope {
         Ok(Rope {
             cos,
             sin,
-            interleaved: config.rope_interleaved,
+            inv_freq,
+            interleaved,
         })
+    }
+
+    /// Keys `(1, kv_heads, seq, head_dim)` already turned for their
+    /// positions, turned `delta` positions further: a rotation by a
+    /// position's angles after another adds the positions, so these are
+    /// the keys of the same rows `delta` positions later (earlier when
+    /// negative). Turned in f32 and returned in the keys' dtype.
+    pub(super) fn shift(&self, keys: &Tensor, delta: i64) -> candle_core::Result<Tensor> {
+        let (_, _, seq, _) = keys.dims4()?;
+        let half = self.inv_freq.len();
+        let angles: Vec<f64> = self
+            .inv_freq
+            .iter()
+            .map(|&freq| delta as f64 * f64::from(freq))
+            .collect();
+        let table = |f: fn(f64) -> f64| {
+            let row: Vec<f32> = angles.iter().map(|&angle| f(angle) as f32).collect();
+            Tensor::from_vec(row, (1, half), keys.device())?
+                .broadcast_as((seq, half))?
+                .contiguous()
+        };
+        let (cos, sin) = (table(f64::cos)?, table(f64::sin)?);
+        let turned = self.apply(&keys.to_dtype(DType::F32)?.contiguous()?, &cos, &sin)?;
+        turned.to_dtype(keys.dtype())
     }
 
     /// The tables for positions `start..start + len`.
@@ -309,6 +349,7 @@ mod tests {
             let rope = Rope {
                 cos: cos.clone(),
                 sin: sin.clone(),
+                inv_freq: Vec::new(),
                 interleaved,
             };
             let mut caches: Vec<KvCache> = (0..run_lengths.len())
@@ -347,6 +388,42 @@ mod tests {
                     .iter()
                     .all(|&x| x == 0.0));
                 first += length;
+            }
+        }
+    }
+
+    #[test]
+    fn keys_shifted_by_a_distance_are_the_keys_turned_at_the_new_positions() {
+        let (kv_heads, seq, head_dim) = (2, 5, 16);
+        let raw: Vec<f32> = (0..kv_heads * seq * head_dim)
+            .map(|i| (i as f32 * 0.61).cos() * 3.0)
+            .collect();
+        let keys = Tensor::from_vec(raw, (1, kv_heads, seq, head_dim), &Device::Cpu).unwrap();
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        for interleaved in [true, false] {
+            let rope = Rope::with(head_dim, 1e6, 4096, interleaved, &Device::Cpu).unwrap();
+            let turned_at = |start: usize| {
+                let (cos, sin) = rope.at(start, seq).unwrap();
+                rope.apply(
+                    &keys,
+                    &cos.contiguous().unwrap(),
+                    &sin.contiguous().unwrap(),
+                )
+                .unwrap()
+            };
+            for (from, to) in [(40, 1999), (3000, 17), (9, 9)] {
+                let moved = rope
+                    .shift(&turned_at(from), to as i64 - from as i64)
+                    .unwrap();
+                let worst = flat(&moved)
+                    .iter()
+                    .zip(flat(&turned_at(to)))
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f32::max);
+                assert!(
+                    worst < 2e-3,
+                    "{from} -> {to}, interleaved {interleaved}: {worst}"
+                );
             }
         }
     }

@@ -208,6 +208,15 @@ impl Transformer {
         &self.device
     }
 
+    /// Cached keys `(1, kv_heads, seq, head_dim)` of rows moved `delta`
+    /// positions, as they would have been computed there (see
+    /// [`Rope::shift`]).
+    pub(crate) fn shift_keys(&self, keys: &Tensor, delta: i64) -> Result<Tensor> {
+        self.rope
+            .shift(keys, delta)
+            .context("moving cached keys to new positions")
+    }
+
     /// An empty KV cache sized for this model.
     pub fn new_cache(&self) -> KvCache {
         KvCache::new(
@@ -407,29 +416,69 @@ impl Transformer {
         cache: &mut KvCache,
         first: usize,
     ) -> Result<Vec<f32>> {
-        cache.reserve(tokens.len())?;
         let mut log_probs = Vec::with_capacity(tokens.len().saturating_sub(first + 1));
+        // Only positions with a next token are scored.
+        let last = tokens.len().saturating_sub(1);
+        self.each_scored_batch(tokens, cache, first, &mut |from, hidden| {
+            let to = (from + hidden.dim(1)?).min(last);
+            if from < to {
+                let rows = hidden.narrow(1, 0, to - from)?;
+                log_probs.extend(self.scored_log_probs(&rows, &tokens[from + 1..to + 1])?);
+            }
+            Ok(())
+        })?;
+        Ok(log_probs)
+    }
+
+    /// Run `tokens` after the positions in `cache` (committing them) and
+    /// return the natural logs of the next-token probabilities over the
+    /// whole vocabulary after each position of `tokens` from `first` on,
+    /// `(tokens.len() - first, vocab_size)` in f32: what comparing two
+    /// ways of computing the same text needs.
+    pub fn log_prob_rows(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        first: usize,
+    ) -> Result<Tensor> {
+        let mut rows = Vec::new();
+        self.each_scored_batch(tokens, cache, first, &mut |_, hidden| {
+            let logits = self.output_head(hidden, Pass::Prompt)?;
+            rows.push(candle_nn::ops::log_softmax(&logits, 1)?);
+            Ok(())
+        })?;
+        Tensor::cat(&rows, 0).context("output head")
+    }
+
+    /// Run `tokens` after the positions in `cache` a prompt batch at a time
+    /// (committing them) and hand `scored` the hidden states `(1, n,
+    /// hidden)` of each batch's positions from `first` on, with the index
+    /// in `tokens` of the first of them.
+    fn each_scored_batch(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        first: usize,
+        scored: &mut dyn FnMut(usize, &Tensor) -> candle_core::Result<()>,
+    ) -> Result<()> {
+        cache.reserve(tokens.len())?;
         let mut start = 0;
         for batch in tokens.chunks(PREFILL_BATCH) {
             let hidden = self
                 .forward_batch(batch, cache, Pass::Prompt)
                 .context("forward pass")?;
             cache.commit(batch);
-            // Positions of this batch that are scored: from `first`, and only
-            // those with a next token to score.
             let from = first.max(start);
-            let to = (start + batch.len()).min(tokens.len() - 1);
-            if from < to {
-                let targets = &tokens[from + 1..to + 1];
-                let rows = hidden.narrow(1, from - start, to - from);
-                let scored = rows
-                    .and_then(|rows| self.scored_log_probs(&rows, targets))
+            let end = start + batch.len();
+            if from < end {
+                hidden
+                    .narrow(1, from - start, end - from)
+                    .and_then(|rows| scored(from, &rows))
                     .context("output head")?;
-                log_probs.extend(scored);
             }
-            start += batch.len();
+            start = end;
         }
-        Ok(log_probs)
+        Ok(())
     }
 
     /// The log-probabilities of `targets` under the output head applied to
