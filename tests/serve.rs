@@ -257,6 +257,40 @@ fn the_servers_cached_tokens_are_the_engines_reused_tokens() {
     }
 }
 
+/// `/v1/cache/preview` says what a request would take from the caches
+/// without running the model: after a completion, the same prompt
+/// extended is held up to where it was, and a chat body is read as well.
+#[test]
+fn the_cache_preview_says_what_a_prompt_would_reuse_without_running_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = tiny_source(dir.path());
+    let (_server, base) = serve(&source, ServeOptions::default());
+    let first: Vec<u32> = (2..40).collect();
+    complete_ids(&base, &first, 3);
+    let extended: Vec<u32> = (2..60).collect();
+    let (status, preview) = post(&base, "cache/preview", &json!({"prompt": extended}));
+    assert_eq!(status, 200, "{preview}");
+    assert_eq!(preview["prompt_tokens"], 58);
+    assert_eq!(preview["from_memory"], 38);
+    assert_eq!(
+        (preview["from_disk"].clone(), preview["by_segment"].clone()),
+        (json!(0), json!(0))
+    );
+    assert_eq!(preview["computed"], 20);
+    assert_eq!(preview["first_difference"], 38);
+    // Previewing changed nothing: the real request reuses what it said.
+    let body = json!({"prompt": extended, "max_tokens": 1, "temperature": 0});
+    let (status, reply) = post(&base, "completions", &body);
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["usage"]["prompt_tokens_details"]["cached_tokens"], 38);
+    let chat = json!({"messages": [{"role": "user", "content": "w2 w3"}]});
+    let (status, preview) = post(&base, "cache/preview", &chat);
+    assert_eq!(status, 200, "{preview}");
+    assert!(preview["prompt_tokens"].as_u64().unwrap() > 0, "{preview}");
+    let (status, refused) = post(&base, "cache/preview", &json!({"messages": "no"}));
+    assert_eq!(status, 400, "{refused}");
+}
+
 /// The remote constraint names the field a grammar goes in: prism serve
 /// follows Lark sent as `guided_grammar`, and refuses llama.cpp's `grammar`
 /// by name, at the first try.

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
-use worker::{Event, Finished, Job};
+use worker::{Event, Finished, Job, Task};
 
 /// Limits and access for a server.
 #[derive(Debug, Clone)]
@@ -166,6 +166,7 @@ fn router(app: Arc<App>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/tokenize", post(tokenize))
+        .route("/v1/cache/preview", post(cache_preview))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(app)
@@ -221,6 +222,60 @@ async fn tokenize(
         })
         .into_response(),
         Err(error) => ApiError::invalid(error.to_string()).into_response(),
+    }
+}
+
+/// prism's `/v1/cache/preview`: for the body of a chat or text completion
+/// request, how many of its prompt's tokens the engine it would go to holds
+/// in memory, on disk and in reusable segments, and where the prompt first
+/// differs from them, without running the model.
+async fn cache_preview(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Response {
+    let prompt = app.read::<Value>(&headers, body).and_then(|request| {
+        let invalid = |e: serde_json::Error| ApiError::invalid(format!("request body: {e}"));
+        match request.get("messages") {
+            Some(_) => {
+                let request: ChatRequest = serde_json::from_value(request).map_err(invalid)?;
+                Ok(PromptInput::Chat(request.messages()?))
+            }
+            None => serde_json::from_value::<CompletionRequest>(request)
+                .map_err(invalid)?
+                .prompt(),
+        }
+    });
+    let prompt = match prompt {
+        Ok(prompt) => prompt,
+        Err(error) => return error.into_response(),
+    };
+    let (events, mut received) = unbounded_channel();
+    let job = Job {
+        prompt,
+        task: Task::Preview,
+        deadline: Instant::now() + app.options.request_timeout,
+        events,
+    };
+    if app.queue.send(job).is_err() {
+        return ApiError::server("the engine thread has stopped").into_response();
+    }
+    let previewed = async {
+        while let Some(event) = received.recv().await {
+            match event {
+                Event::Previewed(preview) => return preview,
+                Event::Done(Err(error)) => return Err(error),
+                Event::Text(..) | Event::Done(Ok(_)) => {}
+            }
+        }
+        Err(ApiError::server(
+            "the engine thread stopped during the request",
+        ))
+    };
+    match tokio::time::timeout(app.options.request_timeout, previewed).await {
+        Ok(Ok(preview)) => Json(preview).into_response(),
+        Ok(Err(error)) => error.into_response(),
+        Err(_) => ApiError::timeout().into_response(),
     }
 }
 
@@ -319,8 +374,10 @@ impl App {
         let (events, received) = unbounded_channel();
         let job = Job {
             prompt,
-            options: settings.options,
-            stream: settings.stream,
+            task: Task::Generate {
+                options: Box::new(settings.options),
+                stream: settings.stream,
+            },
             deadline: Instant::now() + self.options.request_timeout,
             events,
         };
@@ -484,6 +541,8 @@ impl Responder {
                 Event::Done(Err(error)) => {
                     vec![data(&error.body()), SseEvent::default().data("[DONE]")]
                 }
+                // A generation job never previews.
+                Event::Previewed(_) => Vec::new(),
             };
             stream::iter(events.into_iter().map(Ok))
         });

@@ -4,7 +4,7 @@
 use super::api::{ApiError, PromptInput};
 use crate::engine::kv_cache::common_prefix;
 use crate::engine::prompt_format::PromptFormat;
-use crate::engine::{Engine, GenerateOptions, StopReason, Usage};
+use crate::engine::{CachePreview, Engine, GenerateOptions, StopReason, Usage};
 use std::cmp::Reverse;
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::Instant;
@@ -13,9 +13,7 @@ use tokio::sync::mpsc::UnboundedSender;
 /// One request for the engine.
 pub struct Job {
     pub prompt: PromptInput,
-    pub options: GenerateOptions,
-    /// Send text as it is generated, not only at the end.
-    pub stream: bool,
+    pub task: Task,
     /// Past this the job stops (or never starts) and reports a timeout.
     pub deadline: Instant,
     /// Where the job's events go; when the receiver is gone (the client
@@ -23,12 +21,24 @@ pub struct Job {
     pub events: UnboundedSender<Event>,
 }
 
+/// What a job asks of the engine.
+pub enum Task {
+    Generate {
+        options: Box<GenerateOptions>,
+        /// Send text as it is generated, not only at the end.
+        stream: bool,
+    },
+    /// Say what the caches hold of the prompt, without running the model.
+    Preview,
+}
+
 /// What a job reports, in order: text pieces when streaming, each with the
-/// usage up to it, then one `Done`.
+/// usage up to it, then one `Done`; a preview reports `Previewed` alone.
 #[derive(Debug)]
 pub enum Event {
     Text(String, Usage),
     Done(Result<Finished, ApiError>),
+    Previewed(Result<CachePreview, ApiError>),
 }
 
 #[derive(Debug)]
@@ -153,13 +163,16 @@ fn dispatch(
 fn serve(mut engine: Engine, number: usize, jobs: mpsc::Receiver<Assigned>, idle: &Idle) {
     for Assigned { job, prompt } in jobs {
         if !job.events.is_closed() {
-            let result = if Instant::now() >= job.deadline {
-                Err(ApiError::timeout())
-            } else {
-                run(&mut engine, &job, &prompt)
+            let timed_out = Instant::now() >= job.deadline;
+            let event = match &job.task {
+                _ if timed_out => Event::Done(Err(ApiError::timeout())),
+                Task::Generate { options, stream } => {
+                    Event::Done(run(&mut engine, &job, &prompt, options, *stream))
+                }
+                Task::Preview => Event::Previewed(engine.preview(&prompt).map_err(ApiError::from)),
             };
             // The client may have gone meanwhile; nobody is left to tell.
-            let _ = job.events.send(Event::Done(result));
+            let _ = job.events.send(event);
         }
         idle.release(number, engine.cached_tokens().to_vec());
     }
@@ -184,11 +197,17 @@ fn prompt_ids(
     })
 }
 
-fn run(engine: &mut Engine, job: &Job, prompt: &[u32]) -> Result<Finished, ApiError> {
+fn run(
+    engine: &mut Engine,
+    job: &Job,
+    prompt: &[u32],
+    options: &GenerateOptions,
+    streaming: bool,
+) -> Result<Finished, ApiError> {
     let tokenizer = engine.tokenizer().clone();
-    let mut stream = TextStream::new(&job.options.stop, job.options.sampling.loop_guard);
+    let mut stream = TextStream::new(&options.stop, options.sampling.loop_guard);
     let mut on_tokens = |tokens: &[u32], usage: &Usage| {
-        if job.stream {
+        if streaming {
             if let Ok(text) = tokenizer.decode(tokens, true) {
                 if let Some(piece) = stream.advance(&text) {
                     let _ = job.events.send(Event::Text(piece, usage.clone()));
@@ -197,11 +216,11 @@ fn run(engine: &mut Engine, job: &Job, prompt: &[u32]) -> Result<Finished, ApiEr
         }
         !job.events.is_closed() && Instant::now() < job.deadline
     };
-    let generation = engine.generate_streaming(prompt, &job.options, &mut on_tokens)?;
+    let generation = engine.generate_streaming(prompt, options, &mut on_tokens)?;
     if generation.stop_reason == StopReason::Cancelled && Instant::now() >= job.deadline {
         return Err(ApiError::timeout());
     }
-    if job.stream {
+    if streaming {
         if let Some(rest) = stream.finish(&generation.text) {
             let _ = job.events.send(Event::Text(rest, generation.usage.clone()));
         }
