@@ -150,6 +150,10 @@ fn header(out: &mut String, rows: &[Row]) {
 /// summary length added.
 fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
     let revisions = revision_columns(rows);
+    // Runs with --reuse-segments also show the hit that counts taken segments.
+    let segments = rows
+        .iter()
+        .any(|row| row.figures.segment_hit_rate.is_some());
     let quality = quality_columns(rows);
     // Wall times of runs on different thread counts do not compare; say which is which.
     let mut thread_counts: Vec<usize> = rows.iter().map(|row| row.machine.engine_threads).collect();
@@ -158,6 +162,7 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
     let threads_vary = thread_counts.len() > 1;
     let extra_titles = revisions.iter().map(|(_, title)| *title);
     let extra_titles: Vec<&str> = extra_titles
+        .chain(segments.then_some("Hit with segments (%)"))
         .chain(quality.iter().map(|(_, title)| *title))
         .collect();
     table_head(out, threads_vary, &extra_titles);
@@ -199,6 +204,9 @@ fn table_at_chunk_size(out: &mut String, rows: &[Row], chunk_tokens: usize) {
         for (count, _) in &revisions {
             let count = prism_figures(row).map(|prism| count(prism) as f64);
             let _ = write!(out, " {} |", cell(count, 0));
+        }
+        if segments {
+            let _ = write!(out, " {} |", percent(figures.segment_hit_rate));
         }
         for (score, _) in &quality {
             let _ = write!(out, " {} |", cell(score(&row.scores), 3));
@@ -537,6 +545,16 @@ mod tests {
             report.contains("- Read: the first 980 to 1000 tokens"),
             "{report}"
         );
+    }
+
+    #[test]
+    fn the_hit_with_segments_is_a_column_only_when_a_run_reused_segments() {
+        assert!(!markdown(&rows()).contains("Hit with segments"));
+        let mut reused = rows();
+        reused[0].figures.segment_hit_rate = Some(0.8123);
+        let report = markdown(&reused);
+        assert!(report.contains("| Hit with segments (%) |"), "{report}");
+        assert!(report.contains("| 81.2 |"), "{report}");
     }
 
     /// A code-retrieval row: `task` of `repository`, answered right or not.
