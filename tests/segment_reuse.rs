@@ -5,16 +5,25 @@ use crate::common::{max_abs_diff, tiny_chat_model};
 use candle_core::Tensor;
 use prism::engine::segments::SegmentReuse;
 use prism::engine::source::ModelSource;
-use prism::engine::{Engine, EngineConfig, Usage};
+use prism::engine::{Engine, EngineConfig, GenerateOptions, PromptCacheConfig, Usage};
 use std::path::Path;
 
 fn engine(dir: &Path, reuse: Option<SegmentReuse>) -> Engine {
+    engine_with_disk(dir, reuse, None)
+}
+
+/// The tiny model in `dir`, with `reuse` and a prompt cache in `kv` when given.
+fn engine_with_disk(dir: &Path, reuse: Option<SegmentReuse>, kv: Option<&Path>) -> Engine {
     let source = ModelSource::HfDir {
         dir: dir.to_path_buf(),
         name: "tiny".into(),
     };
     Engine::open(&EngineConfig {
         segment_reuse: reuse,
+        prompt_cache: kv.map(|kv| PromptCacheConfig {
+            dir: kv.to_path_buf(),
+            budget_bytes: 1 << 30,
+        }),
         ..EngineConfig::new(source)
     })
     .unwrap()
@@ -96,4 +105,35 @@ fn a_prompt_with_no_cached_run_is_encoded_as_without_segment_reuse() {
         logits.to_vec1::<f32>().unwrap()
     };
     assert_eq!(logits_of(Some(SegmentReuse::default())), logits_of(None));
+}
+
+/// Taken rows are approximate, so the prompt cache on disk keeps only the
+/// prefix before them: another process restores the edited prompt up to
+/// the edit, not the moved run.
+#[test]
+fn rows_taken_from_segments_never_reach_the_prompt_cache_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_chat_model(dir.path());
+    let kv = dir.path().join("kv");
+    let first = word_ids(600);
+    let edited = [&first[..300], &[60, 61, 62, 63, 60, 61, 62], &first[300..]].concat();
+    let one_token = GenerateOptions {
+        max_tokens: 1,
+        ..GenerateOptions::default()
+    };
+    let mut reusing = engine_with_disk(dir.path(), Some(SegmentReuse::default()), Some(&kv));
+    reusing.generate(&first, &one_token).unwrap();
+    let edit = reusing.generate(&edited, &one_token).unwrap();
+    assert!(edit.usage.segment_tokens > 200, "{:?}", edit.usage);
+    let (_, restored) = engine_with_disk(dir.path(), None, Some(&kv))
+        .prefill(&edited)
+        .unwrap();
+    // Up to the edit (an inserted token may happen to match the next one).
+    let shared = first
+        .iter()
+        .zip(&edited)
+        .take_while(|(a, b)| a == b)
+        .count();
+    assert!((300..307).contains(&shared));
+    assert_eq!(restored.restored_tokens, shared, "{restored:?}");
 }

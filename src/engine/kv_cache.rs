@@ -292,6 +292,10 @@ pub struct KvCache {
     /// Positions every layer has been written up to. While a forward pass is
     /// running, layers run ahead of this by the tokens being appended.
     len: usize,
+    /// The first position whose rows were taken from another sequence
+    /// (segment reuse) rather than computed here: those rows, and every row
+    /// computed after them, are approximate. `None` when all were computed.
+    approximate_from: Option<usize>,
     capacity: usize,
     max_len: usize,
     kv_heads: usize,
@@ -314,6 +318,7 @@ impl KvCache {
             layers: vec![None; layers],
             tokens: Vec::new(),
             len: 0,
+            approximate_from: None,
             capacity: 0,
             max_len,
             kv_heads,
@@ -353,6 +358,13 @@ impl KvCache {
             self.len = len;
             self.tokens.truncate(len);
         }
+        self.approximate_from = self.approximate_from.filter(|&from| from < len);
+    }
+
+    /// How many leading positions hold the rows a prefill of their tokens
+    /// computes: all of them unless segment reuse took some.
+    pub fn exact_len(&self) -> usize {
+        self.approximate_from.unwrap_or(self.len)
     }
 
     /// Replace this cache's contents with the first `len` positions of `source`.
@@ -374,6 +386,7 @@ impl KvCache {
             copy(&from.values, &to.values).context("copying a cached prefix")?;
         }
         self.commit(&source.tokens[..len]);
+        self.approximate_from = source.approximate_from.filter(|&from| from < len);
         Ok(())
     }
 
@@ -449,7 +462,10 @@ impl KvCache {
         layers: &[(Tensor, Tensor)],
     ) -> Result<()> {
         self.check_stored(tokens.len(), layers)?;
-        self.write_after(tokens, layers, "reusing cached rows")
+        let from = self.len;
+        self.write_after(tokens, layers, "reusing cached rows")?;
+        self.approximate_from.get_or_insert(from);
+        Ok(())
     }
 
     /// An error unless `layers` holds keys and values of `count` positions

@@ -235,8 +235,12 @@ impl Engine {
     pub(super) fn store_to_disk(&self, shared_prefix_tokens: Option<usize>) {
         if let Some(disk) = self.prompt_cache.as_ref().filter(|_| self.prefix_cache) {
             let cache = &self.slots.active().cache;
+            // Rows taken from segments are approximate, and a later process
+            // would restore them as computed ones: only the exact prefix goes.
+            let exact = cache.exact_len();
             let stored = match shared_prefix_tokens {
-                Some(shared) => disk.store_prefix(cache, shared),
+                Some(shared) => disk.store_prefix(cache, shared.min(exact)),
+                None if exact < cache.len() => disk.store_prefix(cache, exact),
                 None => disk.store(cache),
             };
             if let Err(err) = stored {
