@@ -33,14 +33,9 @@ impl Engine {
         let from_memory = in_memory.min(last);
         let from_disk = on_disk.min(last).saturating_sub(from_memory);
         let cached = from_memory + from_disk;
-        let (by_segment, recomputed) = match self.segment_reuse.filter(|_| self.prefix_cache) {
-            Some(reuse) => {
-                let sources: Vec<&[u32]> = self.slots.caches().map(KvCache::tokens).collect();
-                let plan = segments::plan(prompt, cached, &sources, reuse);
-                (plan.reused(), plan.recomputed)
-            }
-            None => (0, 0),
-        };
+        let (by_segment, recomputed) = self
+            .segment_plan(prompt, cached)
+            .map_or((0, 0), |plan| (plan.reused(), plan.recomputed));
         let held = in_memory.max(on_disk);
         Ok(CachePreview {
             prompt_tokens: prompt.len(),
@@ -139,6 +134,14 @@ impl Engine {
         Ok((logits, usage))
     }
 
+    /// With segment reuse on, the plan of `prompt` after its first `cached`
+    /// tokens over every slot's sequence (the sources its pieces index).
+    fn segment_plan(&self, prompt: &[u32], cached: usize) -> Option<segments::Plan> {
+        let reuse = self.segment_reuse.filter(|_| self.prefix_cache)?;
+        let sources: Vec<&[u32]> = self.slots.caches().map(KvCache::tokens).collect();
+        Some(segments::plan(prompt, cached, &sources, reuse))
+    }
+
     /// How `prompt` is encoded after its first `cached` tokens: computed
     /// whole, or with segment reuse, in stretches computed and runs taken
     /// from the cached sequences. The taken rows are read out (their keys
@@ -150,12 +153,10 @@ impl Engine {
             taken: 0,
             recomputed: 0,
         };
-        let Some(reuse) = self.segment_reuse.filter(|_| self.prefix_cache) else {
+        let Some(plan) = self.segment_plan(prompt, cached) else {
             return Ok(whole);
         };
         let caches: Vec<&KvCache> = self.slots.caches().collect();
-        let sources: Vec<&[u32]> = caches.iter().map(|cache| cache.tokens()).collect();
-        let plan = segments::plan(prompt, cached, &sources, reuse);
         let taken = plan.reused();
         let steps = plan
             .pieces
