@@ -416,9 +416,9 @@ fn the_people_listed_go_into_the_memory_and_lead_the_summary() {
     };
     let method = Prism::new(&config, &schema);
     let replies = [
-        "The ship sails north.",
+        "The ship sails north with Ada Quill.",
         "The people:\n- Ada Quill: the navigator\n- Ada Quill: again",
-        r#"{"op": "add", "path": "$.events", "value": "The ship sails north."}"#,
+        r#"{"op": "add", "path": "$.events", "value": "The ship sails north with Ada Quill."}"#,
     ];
     let mut llm = ScriptedLlm::new(&replies);
     let run_dir = RunDir::create(dir.path()).unwrap();
@@ -430,7 +430,7 @@ fn the_people_listed_go_into_the_memory_and_lead_the_summary() {
     };
     assert_eq!(
         summary,
-        "The people in it include Ada Quill (the navigator). The ship sails north."
+        "The people in it include Ada Quill (the navigator). The ship sails north with Ada Quill."
     );
     assert_eq!(stats.method_figures.revisions_applied, 2);
     let memory: serde_json::Value =

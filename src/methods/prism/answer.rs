@@ -7,7 +7,7 @@ use crate::llm::{Llm, Prompt};
 use crate::methods::length::{self, condense, words, CONDENSE_SYSTEM};
 use crate::methods::AnswerForm;
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 impl Prism<'_> {
     /// Write the final answer from the memory: the query answered from
@@ -45,6 +45,10 @@ const CAST_SHARE: usize = 4;
 /// A note on who someone is longer than this is left out of the cast: it
 /// tells what they did, which the other notes tell.
 const MAX_ROLE_WORDS: usize = 12;
+/// Names longer than this are titles or institutions, not people: the
+/// Sabotage manual's people call kept "Project Gutenberg Literary Archive
+/// Foundation" and "United States. Office of Strategic Services".
+const MAX_NAME_WORDS: usize = 4;
 
 /// The opening of a summary that says who is in the document, and the
 /// notes its remainder is condensed from. Each member of the memory kept
@@ -56,6 +60,11 @@ const MAX_ROLE_WORDS: usize = 12;
 /// ("Orlando, Charles, Oliver, Rosalind, and Celia engage in comedic
 /// interactions"), and the roles were lost or changed ("Tomas Reddick, a
 /// night patrol officer").
+///
+/// Only names the other notes use as names are cast ([`Mentions::casts`]):
+/// on a manual without people, the people call filed the things the manual
+/// is about ("Fuel lines", "Turbines") and its publisher's staff, and a
+/// cast of eighteen of them took a quarter of the summary.
 pub(super) fn cast_and_notes(memory: &Value, budget: usize) -> (String, Vec<String>) {
     let Value::Object(members) = memory else {
         return (String::new(), memory_notes(memory));
@@ -65,16 +74,12 @@ pub(super) fn cast_and_notes(memory: &Value, budget: usize) -> (String, Vec<Stri
         .into_iter()
         .flat_map(|(key, value)| memory_notes(&serde_json::json!({ key: value })))
         .collect();
-    let text = notes.join(" ");
-    let mut counts: HashMap<&str, usize> = HashMap::new();
-    for word in text.split(|c: char| !c.is_alphanumeric()) {
-        *counts.entry(word).or_default() += 1;
-    }
+    let mentions = Mentions::new(&notes);
     let mut left = budget;
     let cast: Vec<String> = named
         .into_iter()
         .filter_map(|(key, value)| {
-            let sentence = cast_sentence(key, value.as_object()?, &counts, left)?;
+            let sentence = cast_sentence(key, value.as_object()?, &mentions, left)?;
             left = left.saturating_sub(words(&sentence));
             Some(sentence)
         })
@@ -84,27 +89,36 @@ pub(super) fn cast_and_notes(memory: &Value, budget: usize) -> (String, Vec<Stri
 
 /// "The people in it include A (who A is), B and C (who C is).": the
 /// members of `named` the notes mention most, in that order, within
-/// `budget` words but at least one.
+/// `budget` words but at least one. A member whose role would not fit is
+/// named without it, so that a long role does not keep a main character
+/// out.
 fn cast_sentence(
     key: &str,
     named: &serde_json::Map<String, Value>,
-    counts: &HashMap<&str, usize>,
+    mentions: &Mentions,
     budget: usize,
 ) -> Option<String> {
     let opening = format!("The {key} in it include");
-    let mut ranked: Vec<(usize, String)> = named
+    let names: Vec<&str> = named.keys().map(String::as_str).collect();
+    let mut ranked: Vec<(usize, &str, &Value)> = named
         .iter()
-        .map(|(name, notes)| (mentions(name, counts), introduce(name, notes)))
+        .filter(|(name, _)| mentions.casts(name, &names))
+        .map(|(name, notes)| (mentions.count(name, &names), name.as_str(), notes))
         .collect();
     // A stable sort keeps memory order among equals.
-    ranked.sort_by_key(|(mentioned, _)| std::cmp::Reverse(*mentioned));
+    ranked.sort_by_key(|(mentioned, _, _)| std::cmp::Reverse(*mentioned));
     let mut spent = words(&opening) + 1;
     let mut entries = Vec::new();
-    for (_, entry) in ranked {
-        spent += words(&entry);
-        if spent > budget && !entries.is_empty() {
+    for (_, name, notes) in ranked {
+        let introduced = introduce(name, notes);
+        let entry = match spent + words(&introduced) <= budget || entries.is_empty() {
+            true => introduced,
+            false => name.to_string(),
+        };
+        if spent + words(&entry) > budget && !entries.is_empty() {
             break;
         }
+        spent += words(&entry);
         entries.push(entry);
     }
     let last = entries.pop()?;
@@ -114,19 +128,105 @@ fn cast_sentence(
     })
 }
 
-/// How often the notes name someone: by the first or last word of the name
-/// that is a name (capitalized, not an initial or a title such as "Mr.").
-fn mentions(name: &str, counts: &HashMap<&str, usize>) -> usize {
+/// How the notes other than the people's use each word: how often it
+/// occurs, and whether it is ever capitalized in mid-sentence, which is
+/// how prose marks a name ("the skipper, Wenna Cole, waited").
+struct Mentions {
+    counts: HashMap<String, usize>,
+    as_names: HashSet<String>,
+}
+
+impl Mentions {
+    fn new(notes: &[String]) -> Mentions {
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        let mut as_names = HashSet::new();
+        for note in notes {
+            let mut sentence_start = true;
+            for token in note.split_whitespace() {
+                let word: String = token
+                    .trim_start_matches(|c: char| !c.is_alphanumeric())
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric())
+                    .collect();
+                if !word.is_empty() {
+                    if !sentence_start && word.starts_with(char::is_uppercase) {
+                        as_names.insert(word.clone());
+                    }
+                    *counts.entry(word).or_default() += 1;
+                }
+                sentence_start = ends_sentence(token);
+            }
+        }
+        Mentions { counts, as_names }
+    }
+
+    /// How often the notes name `name`: by the first or last word of the
+    /// name that identifies it among `names` ([`identifying_parts`]).
+    fn count(&self, name: &str, names: &[&str]) -> usize {
+        identifying_parts(name, names)
+            .iter()
+            .map(|part| self.counts.get(*part).copied().unwrap_or(0))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Whether `name` belongs in the cast: written as a name (capitalized
+    /// words, short particles such as "de" aside, at most
+    /// [`MAX_NAME_WORDS`]), and used as one in the notes.
+    fn casts(&self, name: &str, names: &[&str]) -> bool {
+        let parts: Vec<&str> = name.split_whitespace().collect();
+        let written_as_name = parts.len() <= MAX_NAME_WORDS
+            && parts.iter().all(|part| {
+                part.starts_with(char::is_uppercase)
+                    || (part.len() <= 3 && part.chars().all(char::is_lowercase))
+            });
+        written_as_name
+            && identifying_parts(name, names)
+                .iter()
+                .any(|part| self.as_names.contains(*part))
+    }
+}
+
+/// Whether `token` closes a sentence: it ends in a stop, and is not a
+/// title or an initial ("Mr.", "J.") that a name follows.
+fn ends_sentence(token: &str) -> bool {
+    let bare = token.trim_end_matches(['"', '\'', '\u{201d}', ')']);
+    let abbreviation = bare.ends_with('.')
+        && bare.starts_with(char::is_uppercase)
+        && bare.chars().filter(|c| c.is_alphabetic()).count() <= 3;
+    bare.ends_with(['.', '!', '?', ':']) && !abbreviation
+}
+
+/// The first and last words of `name` that can stand for it: capitalized,
+/// longer than an initial, not a title ("Mr."), and not shared with another
+/// of `names` ("Duke" names both Duke Senior and Duke Frederick, so only
+/// "Senior" and "Frederick" tell them apart). A name whose every part is
+/// shared keeps them all.
+fn identifying_parts<'a>(name: &'a str, names: &[&str]) -> Vec<&'a str> {
     let parts: Vec<&str> = name.split_whitespace().collect();
-    [parts.first(), parts.last()]
+    let candidates: Vec<&str> = [parts.first(), parts.last()]
         .into_iter()
         .flatten()
+        .copied()
         .filter(|part| {
             part.len() > 2 && part.starts_with(char::is_uppercase) && !part.ends_with('.')
         })
-        .map(|part| counts.get(part).copied().unwrap_or(0))
-        .max()
-        .unwrap_or(0)
+        .collect();
+    let shared = |part: &&str| {
+        names
+            .iter()
+            .filter(|other| **other != name)
+            .any(|other| other.split_whitespace().any(|word| word == *part))
+    };
+    let own: Vec<&str> = candidates
+        .iter()
+        .copied()
+        .filter(|part| !shared(part))
+        .collect();
+    match own.is_empty() {
+        true => candidates,
+        false => own,
+    }
 }
 
 /// `name`, and who they are in parentheses when their first note says so

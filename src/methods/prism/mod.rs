@@ -717,7 +717,7 @@ mod tests {
     #[test]
     fn a_summary_opens_with_the_people_the_notes_name_most() {
         let memory = serde_json::json!({
-            "events": ["Wenna Cole waited in the lee.", "Tomas fired a flare.", "Tomas rang the bell.", "A gale came."],
+            "events": ["At dusk Wenna Cole waited in the lee.", "Then Tomas fired a flare.", "Later Tomas rang the bell.", "A gale came, and Ada Penhallow logged it."],
             "people": {
                 "Ada Penhallow": ["the writer."],
                 "Tomas Reddick": ["the assistant keeper", "He rang the bell."],
@@ -728,7 +728,7 @@ mod tests {
         let (cast, notes) = cast_and_notes(&memory, 30);
         assert_eq!(
             cast,
-            "The people in it include Tomas Reddick (the assistant keeper), Wenna Cole and Ada Penhallow (the writer)."
+            "The people in it include Tomas Reddick (the assistant keeper), Ada Penhallow (the writer) and Wenna Cole."
         );
         assert_eq!(notes.last().map(String::as_str), Some("Duty."));
         assert_eq!(
@@ -743,6 +743,38 @@ mod tests {
         );
         let (none, _) = cast_and_notes(&serde_json::json!({"events": ["A gale came."]}), 30);
         assert!(none.is_empty());
+    }
+
+    #[test]
+    fn the_cast_names_only_those_the_notes_use_as_names() {
+        let memory = serde_json::json!({
+            "events": [
+                "Turbines fail when water gets in.",
+                "The orders of Duke Frederick banish Rosalind, and Duke Senior lives in the forest.",
+                "Frederick rules the court and Frederick fears Rosalind.",
+                "Fuel lines clog with sawdust."
+            ],
+            "people": {
+                "Turbines": ["the turbine"],
+                "Fuel lines": ["in engines"],
+                "Duke Senior": ["the banished duke"],
+                "Duke Frederick": ["the usurper"],
+                "Rosalind": ["his daughter"],
+                "Project Gutenberg Literary Archive Foundation": ["the publisher"],
+            },
+        });
+        // "Duke" names two people, so it counts for neither: Frederick is
+        // named most. A role that would not fit leaves the name alone.
+        let (cast, _) = cast_and_notes(&memory, 16);
+        assert_eq!(
+            cast,
+            "The people in it include Duke Frederick (the usurper), Rosalind (his daughter) and Duke Senior."
+        );
+        let (none, _) = cast_and_notes(
+            &serde_json::json!({"events": ["Turbines fail."], "people": {"Turbines": ["the turbine"]}}),
+            30,
+        );
+        assert!(none.is_empty(), "{none}");
     }
 
     #[test]
