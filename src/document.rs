@@ -229,6 +229,45 @@ pub fn read_document(path: &Path, max_bytes: u64) -> Result<String> {
     Ok(text.replace("\r\n", "\n"))
 }
 
+/// The ebook's own text when `text` is a Project Gutenberg file: what lies
+/// between its "*** START OF THE PROJECT GUTENBERG EBOOK … ***" and "*** END
+/// OF …" lines. None when it has no such pair of lines, or nothing between.
+///
+/// The archive's header and licence are not the book's. The licence is a
+/// sixth of the Sabotage manual's words: summaries retold it in their last
+/// paragraphs, and five of the twenty questions `qa generate` wrote from the
+/// whole file asked about it.
+pub fn gutenberg_body(text: &str) -> Option<&str> {
+    let marker = |line: &str, word: &str| {
+        let line = line.trim().to_ascii_uppercase();
+        line.starts_with("***") && line.contains(word) && line.contains("PROJECT GUTENBERG")
+    };
+    let mut start = None;
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let line_start = offset;
+        offset += line.len();
+        match start {
+            None if marker(line, "START OF") => start = Some(offset),
+            Some(body_start) if marker(line, "END OF") => {
+                let body = &text[body_start..line_start];
+                return (!body.trim().is_empty()).then_some(body);
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// `text` as prism summarizes it: of a Project Gutenberg ebook only the
+/// book ([`gutenberg_body`]) unless `whole_file`, else all of it.
+pub fn book_text(text: String, whole_file: bool) -> String {
+    match gutenberg_body(&text) {
+        Some(body) if !whole_file => body.to_string(),
+        _ => text,
+    }
+}
+
 /// ASCII control bytes that do not occur in ordinary text files.
 fn is_suspect_control(byte: u8) -> bool {
     matches!(byte, 0x00..=0x08 | 0x0B | 0x0E..=0x1F | 0x7F)
@@ -307,6 +346,25 @@ mod tests {
             "names path: {text}"
         );
         text
+    }
+
+    #[test]
+    fn a_gutenberg_file_is_read_between_its_start_and_end_lines() {
+        let ebook = "The Project Gutenberg eBook of A Manual\n\
+            *** START OF THE PROJECT GUTENBERG EBOOK A MANUAL ***\n\
+            \n\
+            Chapter 1. Slow the work.\n\
+            *** END OF THE PROJECT GUTENBERG EBOOK A MANUAL ***\n\
+            Section 1. The licence.\n";
+        assert_eq!(gutenberg_body(ebook), Some("\nChapter 1. Slow the work.\n"));
+        // Older files say "this", and some write the markers in lower case.
+        let older = "*** Start of this Project Gutenberg EBook X ***\nText.\n*** End of this Project Gutenberg EBook X ***";
+        assert_eq!(gutenberg_body(older), Some("Text.\n"));
+        assert_eq!(gutenberg_body("A plain log.\n"), None);
+        let unended = "*** START OF THE PROJECT GUTENBERG EBOOK X ***\nText.\n";
+        assert_eq!(gutenberg_body(unended), None);
+        let empty = "*** START OF THE PROJECT GUTENBERG EBOOK X ***\n\n*** END OF THE PROJECT GUTENBERG EBOOK X ***\n";
+        assert_eq!(gutenberg_body(empty), None);
     }
 
     #[test]

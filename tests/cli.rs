@@ -265,6 +265,61 @@ fn summarize_finds_a_shipped_schema_by_name_outside_the_checkout() {
 }
 
 #[test]
+fn summarize_reads_a_gutenberg_ebook_between_its_markers_unless_asked_for_the_whole_file() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), TinyArch::Llama, 3);
+    let ebook = "w9 w9 w9 w9 w9 w9 w9 w9.\n\
+        *** START OF THE PROJECT GUTENBERG EBOOK W2 ***\n\
+        w2 w3 w4.\n\
+        *** END OF THE PROJECT GUTENBERG EBOOK W2 ***\n\
+        w8 w8 w8 w8 w8 w8 w8 w8 w8 w8 w8 w8.\n";
+    std::fs::write(dir.path().join("doc.txt"), ebook).unwrap();
+    let read_tokens = |whole_file: bool| {
+        let mut command = prism();
+        command.current_dir(dir.path()).args([
+            "summarize",
+            "doc.txt",
+            "--model",
+            ".",
+            "--out",
+            "run",
+            "--chunk-tokens",
+            "20",
+            "--stop-after-chunks",
+            "0",
+        ]);
+        if whole_file {
+            command.arg("--whole-file");
+        }
+        let output = command.output().expect("prism runs");
+        let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+        assert!(output.status.success(), "{stderr}");
+        std::fs::remove_dir_all(dir.path().join("run")).unwrap();
+        let tokens: usize = stderr
+            .lines()
+            .find_map(|line| {
+                line.strip_prefix("doc.txt: ")?
+                    .split(" tokens")
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no token count in {stderr}"));
+        (
+            tokens,
+            stderr.contains("between its Project Gutenberg START and END lines"),
+        )
+    };
+    let (book, noted) = read_tokens(false);
+    let (whole, noted_whole) = read_tokens(true);
+    assert!(noted && !noted_whole);
+    assert!(
+        book < whole,
+        "the book is {book} tokens, the whole file {whole}"
+    );
+}
+
+#[test]
 fn summarize_names_the_shipped_schemas_when_the_schema_is_unknown() {
     let dir = tempfile::tempdir().unwrap();
     let doc = dir.path().join("doc.txt");

@@ -1,7 +1,7 @@
 //! A sweep's documents, and the task a document may carry: what a sweep asks of
 //! it besides a summary.
 
-use crate::document::{expand_directories, read_document};
+use crate::document::{book_text, expand_directories, read_document};
 use crate::error::Result;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -35,13 +35,18 @@ impl SweepDocument {
 }
 
 /// The documents `paths` name to summarize (a directory stands for the files
-/// in it, see [`expand_directories`]), each read within `max_bytes`.
-pub fn summary_documents(paths: &[PathBuf], max_bytes: u64) -> Result<Vec<SweepDocument>> {
+/// in it, see [`expand_directories`]), each read within `max_bytes`; of a
+/// Project Gutenberg ebook only the book unless `whole_file` ([`book_text`]).
+pub fn summary_documents(
+    paths: &[PathBuf],
+    max_bytes: u64,
+    whole_file: bool,
+) -> Result<Vec<SweepDocument>> {
     expand_directories(paths)?
         .into_iter()
         .map(|path| {
             Ok(SweepDocument {
-                text: read_document(&path, max_bytes)?,
+                text: book_text(read_document(&path, max_bytes)?, whole_file),
                 path,
                 task: None,
             })

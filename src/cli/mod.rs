@@ -51,7 +51,7 @@ mod summarize;
 pub use backend_args::BackendArgs;
 pub use engine_args::EngineArgs;
 pub use sampling_args::SamplingArgs;
-pub use shared_args::DocumentLimit;
+pub use shared_args::{DocumentArgs, DocumentLimit};
 
 use anyhow::Result;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};

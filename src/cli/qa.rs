@@ -3,7 +3,7 @@
 
 use super::generate::describe;
 use super::method_args::OnOff;
-use super::{BackendArgs, DocumentLimit, SamplingArgs};
+use super::{BackendArgs, DocumentArgs, SamplingArgs};
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use prism::engine::sampling::SamplingConfig;
@@ -41,7 +41,7 @@ pub struct GenerateQaArgs {
     #[arg(long)]
     first_tokens: Option<usize>,
     #[command(flatten)]
-    document_limit: DocumentLimit,
+    input: DocumentArgs,
     /// Decode pairs under a JSON Schema, so that every pair parses.
     #[arg(long, value_enum, default_value = "on")]
     constrained: OnOff,
@@ -60,7 +60,7 @@ pub fn run(args: QaArgs) -> Result<()> {
 fn generate(args: GenerateQaArgs) -> Result<()> {
     anyhow::ensure!(args.n > 0, "--n must be at least 1");
     let sampling = args.sampling.config(SamplingConfig::default())?;
-    let text = args.document_limit.read(&args.document)?;
+    let text = args.input.read(&args.document)?;
     let mut backend = args.backend.load()?;
     let chunking = Chunking {
         chunk_tokens: args.chunk_tokens,

@@ -1,5 +1,5 @@
 //! The flags several subcommands share besides the model's ([`super::EngineArgs`]
-//! and [`super::BackendArgs`]): the document's size limit, and sizes in bytes.
+//! and [`super::BackendArgs`]): how a document is read, and sizes in bytes.
 
 use anyhow::Result;
 use clap::Args;
@@ -10,6 +10,45 @@ pub struct DocumentLimit {
     /// The largest document read, in MiB; a larger one is refused before it is read in full.
     #[arg(long, value_name = "MIB", default_value_t = prism::document::MAX_DOCUMENT_BYTES >> 20)]
     pub max_document_mib: u64,
+}
+
+/// How a document to summarize or question is read: within a size limit,
+/// and of a Project Gutenberg ebook only the book unless asked otherwise.
+#[derive(Debug, Args)]
+pub struct DocumentArgs {
+    #[command(flatten)]
+    pub limit: DocumentLimit,
+    /// Read a Project Gutenberg ebook whole, its header and licence included; by default
+    /// only the text between its "*** START OF" and "*** END OF" lines is read.
+    #[arg(long)]
+    pub whole_file: bool,
+}
+
+impl DocumentArgs {
+    /// Read the document at `path` within the limit, as prism summarizes it.
+    pub fn read(&self, path: &std::path::Path) -> Result<String> {
+        let file = self.limit.read(path)?;
+        let file_bytes = file.len();
+        let text = prism::document::book_text(file, self.whole_file);
+        if text.len() < file_bytes {
+            note!(
+                "{}: reading the ebook between its Project Gutenberg START and END lines ({} of {} bytes; --whole-file reads it all)",
+                path.display(),
+                text.len(),
+                file_bytes
+            );
+        }
+        Ok(text)
+    }
+
+    /// Read `paths` as one document within the limit (`prism query`); one
+    /// file is read as [`DocumentArgs::read`] reads it.
+    pub fn read_sources(&self, paths: &[std::path::PathBuf]) -> Result<String> {
+        match paths {
+            [path] if !path.is_dir() => self.read(path),
+            _ => self.limit.read_sources(paths),
+        }
+    }
 }
 
 impl DocumentLimit {

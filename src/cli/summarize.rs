@@ -3,7 +3,7 @@
 
 use super::method_args::{MethodArgs, MethodName};
 use super::progress::Bar;
-use super::{BackendArgs, DocumentLimit, SamplingArgs};
+use super::{BackendArgs, DocumentArgs, SamplingArgs};
 use anyhow::Result;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args};
@@ -54,7 +54,7 @@ struct RunArgs {
     #[arg(long)]
     first_tokens: Option<usize>,
     #[command(flatten)]
-    document_limit: DocumentLimit,
+    input: DocumentArgs,
     /// Stop after this many steps (one chunk each for prism, incremental and detail; one model call each for hierarchical, gu/gm/cok); continue with --resume.
     #[arg(long, alias = "stop-after-steps")]
     stop_after_chunks: Option<usize>,
@@ -74,7 +74,7 @@ struct RunArgs {
 
 pub fn run_summarize(args: SummarizeArgs) -> Result<()> {
     let spec = args.run.method_args.spec(args.method)?;
-    let text = args.run.document_limit.read(&args.document)?;
+    let text = args.run.input.read(&args.document)?;
     run_job(&args.run, spec, &args.document, &text)
 }
 
@@ -95,7 +95,7 @@ pub fn run_query(args: QueryArgs, matches: &ArgMatches) -> Result<()> {
         .ok_or_else(|| {
             anyhow::anyhow!("prism query runs --method prism or whole; the other methods summarize")
         })?;
-    let text = args.run.document_limit.read_sources(&args.documents)?;
+    let text = args.run.input.read_sources(&args.documents)?;
     let name = match args.documents.as_slice() {
         [one] => one.clone(),
         _ => PathBuf::from(format!("{} inputs", args.documents.len())),

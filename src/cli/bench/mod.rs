@@ -5,7 +5,7 @@ mod method_names;
 
 use super::method_args::MethodArgs;
 use super::progress::Bar;
-use super::{BackendArgs, DocumentLimit, SamplingArgs};
+use super::{BackendArgs, DocumentArgs, SamplingArgs};
 use anyhow::Result;
 use clap::{ArgMatches, Args, Subcommand, ValueEnum};
 use method_names::sweep_methods;
@@ -69,7 +69,7 @@ struct SweepArgs {
     #[arg(long)]
     first_tokens: Option<usize>,
     #[command(flatten)]
-    document_limit: DocumentLimit,
+    input: DocumentArgs,
     /// Pause the sweep after this many runs; continue with --resume.
     #[arg(long)]
     stop_after_runs: Option<usize>,
@@ -137,7 +137,7 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
         (TaskName::CodeRetrieval, Some(tasks)) => code_retrieval::sweep_documents(
             tasks,
             args.tasks_per_repository,
-            args.document_limit.max_bytes(),
+            args.input.limit.max_bytes(),
         )?,
         (TaskName::CodeRetrieval, None) => {
             anyhow::bail!("--task code-retrieval needs --tasks FILE")
@@ -150,9 +150,11 @@ fn sweep(args: SweepArgs, matches: &ArgMatches) -> Result<()> {
                 "name the documents to summarize, or give --task code-retrieval --tasks FILE"
             )
         }
-        (TaskName::Summary, None) => {
-            task::summary_documents(&args.documents, args.document_limit.max_bytes())?
-        }
+        (TaskName::Summary, None) => task::summary_documents(
+            &args.documents,
+            args.input.limit.max_bytes(),
+            args.input.whole_file,
+        )?,
     };
     let sweep = Sweep {
         documents,
