@@ -40,8 +40,10 @@ fn the_default_model_summarizes_the_sample() {
             "the summary never says {needle:?}:\n{summary}"
         );
     }
+    // The decision is to keep the light and electrify it; a summary says
+    // either ("an electric lamp", "new electrical equipment").
     assert!(
-        said.contains("keep gull rock") || said.contains("electric lamp"),
+        said.contains("keep gull rock") || said.contains("electric"),
         "the summary never tells the Board's decision:\n{summary}"
     );
     let words: Vec<String> = said
