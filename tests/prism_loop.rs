@@ -450,6 +450,58 @@ fn the_people_listed_go_into_the_memory_and_lead_the_summary() {
     );
 }
 
+/// A revision call that stops early leaves the rest of the chunk's summary
+/// unnoted; the step shows that rest in a further call, which notes it.
+#[test]
+fn a_step_that_stopped_early_notes_the_rest_of_its_summary_in_another_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema =
+        Schema::from_file(concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/summary.json")).unwrap();
+    let config = PrismConfig {
+        reading: Reading::Summary,
+        ..config(MemoryMode::Amendments, true)
+    };
+    let method = Prism::new(&config, &schema);
+    let note = |text: &str| format!(r#"{{"op": "add", "path": "$.events", "value": "{text}"}}"#);
+    let mut first = vec![note("The ship sails north.")];
+    first.extend((0..SKIPS_BEFORE_STOP).map(|_| note("The ship sails north.")));
+    let replies = [
+        "The ship sails north. Ice closes in around the ship. A sledge is sighted.".to_string(),
+        String::new(),
+        first.join("\n"),
+        [
+            note("Ice closes in around the ship."),
+            note("A sledge is sighted."),
+        ]
+        .join("\n"),
+    ];
+    let replies: Vec<&str> = replies.iter().map(String::as_str).collect();
+    let mut llm = ScriptedLlm::new(&replies);
+    let run_dir = RunDir::create(dir.path()).unwrap();
+    let files = scripted_files(&run_dir, false, None);
+    let Outcome::Finished { summary, stats } =
+        drive(&method, &mut llm, &chunks(1), &files, &mut NoProgress).unwrap()
+    else {
+        panic!("the run should finish")
+    };
+    let steps: Vec<Step> = run_dir.read_jsonl("steps.jsonl").unwrap();
+    assert_eq!(steps[0].continuations, 1);
+    assert_eq!(steps[0].applied.len(), 3);
+    let continued = llm
+        .prompts
+        .iter()
+        .map(|prompt| prompt.segments.concat())
+        .rfind(|prompt| prompt.contains("Summary of chunk"))
+        .unwrap();
+    assert!(
+        continued.contains("Ice closes in around the ship. A sledge is sighted.")
+            && !continued.contains("The ship sails north. Ice"),
+        "the further call shows only the rest: {continued}"
+    );
+    assert!(summary.contains("sledge"), "{summary}");
+    assert_eq!(stats.method_figures.revisions_applied, 3);
+}
+
 #[test]
 fn amendments_reuse_more_of_the_prompt_than_in_place() {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

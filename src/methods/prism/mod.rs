@@ -7,7 +7,7 @@ mod prompt;
 mod reading;
 
 use crate::chunk::Chunk;
-use crate::engine::{is_zero, LineVerdict};
+use crate::engine::{is_zero, LineVerdict, Usage};
 use crate::error::Result;
 use crate::llm::{Llm, Prompt, Source};
 use crate::memory::grammar::{binds_a_limit, revision_constraint, MAX_LINES};
@@ -175,6 +175,10 @@ pub struct Step {
     /// [`SKIPS_BEFORE_STOP`] refused in a row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_before: Option<String>,
+    /// Further revision calls for the part of the summary a call that
+    /// stopped early left unnoted; their tokens and output are this step's.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub continuations: usize,
     /// What the model wrote, verbatim.
     pub output: String,
     pub seconds: f64,
@@ -415,10 +419,8 @@ impl<'a> Prism<'a> {
         chunk: &Chunk,
         chunks: usize,
     ) -> Result<Step> {
-        // One function on purpose: it reads as one step's calls in the order
-        // they run (summarize, fit the prompt, generate under the line check,
-        // fold the notes, then the people), and the line check's cells are
-        // shared with the tallies taken after generation.
+        // The calls in the order they run: the chunk's summary, the revision
+        // call (again for the rest when it stopped early), then the people.
         let start = Instant::now();
         let summary = match self.config.reading {
             Reading::Summary => Some(summarize(llm, chunk)?),
@@ -431,9 +433,82 @@ impl<'a> Prism<'a> {
             ),
             AnswerForm::Direct => self.screen.clone(),
         };
+        let shown = summary.as_ref().map(|summary| summary.text.as_str());
+        let mut revised = self.revise(llm, state, &screen, chunk, chunks, shown)?;
+        // A step that stopped at a repeat or at a bound has not always
+        // noted its summary to the end: on a play's act, three of five
+        // steps stopped before the wrestling match, the banishment and the
+        // flight that their summaries told. The rest is shown again, alone,
+        // while each call notes something of it.
+        if let Some(summary) = &summary {
+            let sentences = crate::sentences::split_sentences(&summary.text);
+            let mut ended_early = revised.ended_early();
+            for _ in 0..MAX_CONTINUATIONS {
+                let rest = notes::rest_to_note(&sentences, &revised.applied);
+                if !ended_early || rest.is_empty() {
+                    break;
+                }
+                let more =
+                    self.revise(llm, state, &screen, chunk, chunks, Some(&rest.join(" ")))?;
+                ended_early = more.ended_early();
+                let noted = !more.applied.is_empty();
+                revised.absorb(more);
+                if !noted {
+                    break;
+                }
+            }
+        }
+        // The people go in after the step's own notes: applied before, their
+        // lines came last in the prompt, and the model went on writing
+        // people lines instead of noting the chunk. They are screened for
+        // repeats and echoes only: who someone is ("the writer") is rightly
+        // not in the text's words.
+        let people = match &summary {
+            Some(summary) => {
+                self.fold(&self.screen, state, &people_revisions(&summary.people))
+                    .0
+            }
+            None => Vec::new(),
+        };
+        state.revisions_applied += people.len() + revised.applied.len();
+        state.count_refused(&revised.rejected);
+        state.revisions_capped += usize::from(revised.capped);
+        state.revision_steps_stopped += usize::from(revised.stopped_before.is_some());
+        state.revision_lines_skipped += revised.skipped.len();
+        Ok(Step {
+            chunk: chunk.index,
+            chunk_tokens: chunk.tokens,
+            tokens: Tokens::of(&revised.usage),
+            summary: summary.as_ref().map(|summary| summary.text.clone()),
+            summary_calls: summary.map_or_else(Vec::new, |summary| summary.calls),
+            people,
+            applied: revised.applied,
+            rejected: revised.rejected,
+            consolidated: revised.consolidated,
+            capped: revised.capped,
+            skipped: revised.skipped,
+            stopped_before: revised.stopped_before,
+            continuations: revised.continuations,
+            output: revised.output,
+            seconds: start.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// One revision call: the prompt that shows `shown` (the chunk's
+    /// summary or part of it; the chunk itself when None), fitted to the
+    /// context, generated under the line check, its revisions folded into
+    /// `state`.
+    fn revise(
+        &self,
+        llm: &mut dyn Llm,
+        state: &mut PrismState,
+        screen: &Screen,
+        chunk: &Chunk,
+        chunks: usize,
+        shown: Option<&str>,
+    ) -> Result<Revised> {
         let (prompt, consolidated) =
             self.prompt_that_fits(llm, state, self.config.revision_tokens, |state| {
-                let shown = summary.as_ref().map(|summary| summary.text.as_str());
                 self.revision_prompt(state, chunk, chunks, shown)
             })?;
         let grammar = self.config.constrained.then(|| {
@@ -443,7 +518,7 @@ impl<'a> Prism<'a> {
         let refused_in_a_row = Cell::new(0);
         let stopped_before = RefCell::new(None);
         let check_line = |kept: &str, line: &str| {
-            if !self.goes_round(&screen, &state.memory, kept, line) {
+            if !self.goes_round(screen, &state.memory, kept, line) {
                 refused_in_a_row.set(0);
                 return LineVerdict::Keep;
             }
@@ -463,24 +538,7 @@ impl<'a> Prism<'a> {
             grammar.as_ref(),
             &check_line,
         )?;
-        let stopped_before = stopped_before.into_inner();
-        let skipped = skipped.into_inner();
-        state.revision_steps_stopped += usize::from(stopped_before.is_some());
-        state.revision_lines_skipped += skipped.len();
-        let (applied, rejected) = self.fold(&screen, state, &completion.text);
-        // The people go in after the step's own notes: applied before, their
-        // lines came last in the prompt, and the model went on writing
-        // people lines instead of noting the chunk. They are screened for
-        // repeats and echoes only: who someone is ("the writer") is rightly
-        // not in the text's words.
-        let people = match &summary {
-            Some(summary) => {
-                self.fold(&self.screen, state, &people_revisions(&summary.people))
-                    .0
-            }
-            None => Vec::new(),
-        };
-        state.revisions_applied += people.len();
+        let (applied, rejected) = self.fold(screen, state, &completion.text);
         // From the output as written: applying drops the sentence a string
         // bound cut, and refused revisions were bound all the same.
         let capped = completion.usage.output_tokens >= self.config.revision_tokens
@@ -489,24 +547,16 @@ impl<'a> Prism<'a> {
                 .iter()
                 .flatten()
                 .any(binds_a_limit);
-        state.revisions_applied += applied.len();
-        state.count_refused(&rejected);
-        state.revisions_capped += usize::from(capped);
-        Ok(Step {
-            chunk: chunk.index,
-            chunk_tokens: chunk.tokens,
-            tokens: Tokens::of(&completion.usage),
-            summary: summary.as_ref().map(|summary| summary.text.clone()),
-            summary_calls: summary.map_or_else(Vec::new, |summary| summary.calls),
-            people,
+        Ok(Revised {
+            usage: completion.usage,
+            output: completion.text,
             applied,
             rejected,
-            consolidated,
+            skipped: skipped.into_inner(),
+            stopped_before: stopped_before.into_inner(),
             capped,
-            skipped,
-            stopped_before,
-            output: completion.text,
-            seconds: start.elapsed().as_secs_f64(),
+            consolidated,
+            continuations: 0,
         })
     }
 
@@ -596,6 +646,45 @@ impl<'a> Prism<'a> {
 /// again and again, and a step that still does after this many has noted
 /// what it will.
 pub const SKIPS_BEFORE_STOP: usize = 3;
+
+/// Further revision calls a step makes, at most, for the part of its
+/// summary that a call which stopped early left unnoted.
+const MAX_CONTINUATIONS: usize = 3;
+
+/// What the revision calls of one step wrote and did, added up over the
+/// calls.
+struct Revised {
+    usage: Usage,
+    output: String,
+    applied: Vec<Revision>,
+    rejected: Vec<Refused>,
+    skipped: Vec<String>,
+    stopped_before: Option<String>,
+    capped: bool,
+    consolidated: bool,
+    continuations: usize,
+}
+
+impl Revised {
+    /// Whether the call stopped before its end: at a repeat or at a bound.
+    fn ended_early(&self) -> bool {
+        self.stopped_before.is_some() || self.capped
+    }
+
+    /// Add a further call's `more` to these.
+    fn absorb(&mut self, more: Revised) {
+        self.usage += &more.usage;
+        self.output.push('\n');
+        self.output.push_str(&more.output);
+        self.applied.extend(more.applied);
+        self.rejected.extend(more.rejected);
+        self.skipped.extend(more.skipped);
+        self.stopped_before = more.stopped_before.or(self.stopped_before.take());
+        self.capped |= more.capped;
+        self.consolidated |= more.consolidated;
+        self.continuations += 1 + more.continuations;
+    }
+}
 
 /// Where a refused line's own words begin: its value's first letter or
 /// digit, so a line written in its place keeps the revision's form and its

@@ -84,6 +84,39 @@ impl Run {
     }
 }
 
+/// The sentences of `summary` after the last one that `noted` covers:
+/// what a revision step that stopped early has yet to note. A note covers
+/// a sentence when it holds most of the sentence's words, as the model's
+/// copies and rewordings of it do. None are left when no note covers any:
+/// a step that noted nothing of its summary would not note it when asked
+/// again.
+pub(super) fn rest_to_note<'a>(summary: &'a [String], noted: &[Revision]) -> &'a [String] {
+    const COVERED_SHARE: f64 = 0.6;
+    let words = |text: &str| -> Vec<String> {
+        text.split(|c: char| !c.is_alphanumeric())
+            .filter(|word| word.len() > 2)
+            .map(str::to_lowercase)
+            .collect()
+    };
+    let notes: Vec<Vec<String>> = noted
+        .iter()
+        .filter_map(|revision| revision.value.as_str())
+        .map(words)
+        .collect();
+    let covered = |sentence: &str| {
+        let sentence = words(sentence);
+        !sentence.is_empty()
+            && notes.iter().any(|note| {
+                let held = sentence.iter().filter(|word| note.contains(word)).count();
+                held as f64 >= COVERED_SHARE * sentence.len() as f64
+            })
+    };
+    match summary.iter().rposition(|sentence| covered(sentence)) {
+        Some(last) => &summary[last + 1..],
+        None => &[],
+    }
+}
+
 fn reaches_the_bound(note: &str) -> bool {
     note.chars().count() >= MAX_STRING_CHARS
 }
@@ -178,5 +211,38 @@ mod tests {
                 "$.events lowercase after a whole note stays a note of its own."
             ]
         );
+    }
+
+    #[test]
+    fn the_rest_to_note_follows_the_last_sentence_a_note_covers() {
+        let summary: Vec<String> = [
+            "Charles breaks the ribs of three brothers.",
+            "Orlando asks to wrestle Charles.",
+            "Orlando throws Charles, and Rosalind gives him a chain.",
+            "The Duke banishes Rosalind.",
+        ]
+        .iter()
+        .map(|sentence| sentence.to_string())
+        .collect();
+        let noted = |texts: &[&str]| -> Vec<Revision> {
+            texts
+                .iter()
+                .map(|text| {
+                    Revision::add(
+                        JsonPath::parse("$.events").unwrap(),
+                        Value::String(text.to_string()),
+                    )
+                })
+                .collect()
+        };
+        // A reworded copy of the second sentence covers it; the first,
+        // skipped, is not asked again.
+        let rest = rest_to_note(
+            &summary,
+            &noted(&["Then Orlando asks to wrestle with Charles."]),
+        );
+        assert_eq!(rest, &summary[2..]);
+        assert!(rest_to_note(&summary, &noted(&["The Duke banishes Rosalind."])).is_empty());
+        assert!(rest_to_note(&summary, &noted(&["A gale came."])).is_empty());
     }
 }
