@@ -233,35 +233,41 @@ fn summarize_refuses_chunks_larger_than_the_context() {
     assert!(!stderr.contains("panicked"));
 }
 
+/// `prism summarize doc.txt --model . --chunk-tokens 20` in `dir` with
+/// `extra` flags, stopped before its first chunk: its stderr, once it has
+/// succeeded and its run directory is removed.
+fn summarize_up_to_the_first_chunk(dir: &std::path::Path, extra: &[&str]) -> String {
+    let mut command = prism();
+    command.current_dir(dir).args([
+        "summarize",
+        "doc.txt",
+        "--model",
+        ".",
+        "--out",
+        "run",
+        "--chunk-tokens",
+        "20",
+        "--stop-after-chunks",
+        "0",
+    ]);
+    let output = command.args(extra).output().expect("prism runs");
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    assert!(output.status.success(), "{extra:?}: {stderr}");
+    std::fs::remove_dir_all(dir.join("run")).unwrap();
+    stderr
+}
+
 #[test]
 fn summarize_finds_a_shipped_schema_by_name_outside_the_checkout() {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_model(dir.path(), TinyArch::Llama, 3);
     std::fs::write(dir.path().join("doc.txt"), "w2 w3 w4.\n\nw5 w6.\n").unwrap();
-    for schema in [None, Some("entity")] {
-        let mut command = prism();
-        command.current_dir(dir.path()).args([
-            "summarize",
-            "doc.txt",
-            "--model",
-            ".",
-            "--out",
-            "run",
-            "--chunk-tokens",
-            "20",
-            "--revision-tokens",
-            "16",
-            "--answer-tokens",
-            "16",
-            "--stop-after-chunks",
-            "0",
-        ]);
-        command.args(schema.map(|name| ["--schema", name]).iter().flatten());
-        let output = command.output().expect("prism runs");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "{schema:?}: {stderr}");
-        std::fs::remove_dir_all(dir.path().join("run")).unwrap();
-    }
+    let budgets = ["--revision-tokens", "16", "--answer-tokens", "16"];
+    summarize_up_to_the_first_chunk(dir.path(), &budgets);
+    summarize_up_to_the_first_chunk(
+        dir.path(),
+        &[&budgets[..], &["--schema", "entity"]].concat(),
+    );
 }
 
 #[test]
@@ -275,26 +281,8 @@ fn summarize_reads_a_gutenberg_ebook_between_its_markers_unless_asked_for_the_wh
         w8 w8 w8 w8 w8 w8 w8 w8 w8 w8 w8 w8.\n";
     std::fs::write(dir.path().join("doc.txt"), ebook).unwrap();
     let read_tokens = |whole_file: bool| {
-        let mut command = prism();
-        command.current_dir(dir.path()).args([
-            "summarize",
-            "doc.txt",
-            "--model",
-            ".",
-            "--out",
-            "run",
-            "--chunk-tokens",
-            "20",
-            "--stop-after-chunks",
-            "0",
-        ]);
-        if whole_file {
-            command.arg("--whole-file");
-        }
-        let output = command.output().expect("prism runs");
-        let stderr = String::from_utf8_lossy(&output.stderr).to_string();
-        assert!(output.status.success(), "{stderr}");
-        std::fs::remove_dir_all(dir.path().join("run")).unwrap();
+        let extra: &[&str] = if whole_file { &["--whole-file"] } else { &[] };
+        let stderr = summarize_up_to_the_first_chunk(dir.path(), extra);
         let tokens: usize = stderr
             .lines()
             .find_map(|line| {

@@ -402,18 +402,24 @@ fn a_summary_of_each_chunk_is_what_the_revision_step_reads() {
     }
 }
 
-/// The people a chunk's own call lists become entries under `people`, added
-/// after the step's notes, and the summary opens by saying who they are, in
-/// the words of their notes, before the events it condenses.
-#[test]
-fn the_people_listed_go_into_the_memory_and_lead_the_summary() {
-    let dir = tempfile::tempdir().unwrap();
+/// PRISM with amendments reading chunk summaries, and the `summary` schema.
+fn reading_summaries() -> (PrismConfig, Schema) {
     let schema =
         Schema::from_file(concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/summary.json")).unwrap();
     let config = PrismConfig {
         reading: Reading::Summary,
         ..config(MemoryMode::Amendments, true)
     };
+    (config, schema)
+}
+
+/// The people a chunk's own call lists become entries under `people`, added
+/// after the step's notes, and the summary opens by saying who they are, in
+/// the words of their notes, before the events it condenses.
+#[test]
+fn the_people_listed_go_into_the_memory_and_lead_the_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, schema) = reading_summaries();
     let method = Prism::new(&config, &schema);
     let replies = [
         "The ship sails north with Ada Quill.",
@@ -455,12 +461,7 @@ fn the_people_listed_go_into_the_memory_and_lead_the_summary() {
 #[test]
 fn a_step_that_stopped_early_notes_the_rest_of_its_summary_in_another_call() {
     let dir = tempfile::tempdir().unwrap();
-    let schema =
-        Schema::from_file(concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/summary.json")).unwrap();
-    let config = PrismConfig {
-        reading: Reading::Summary,
-        ..config(MemoryMode::Amendments, true)
-    };
+    let (config, schema) = reading_summaries();
     let method = Prism::new(&config, &schema);
     let note = |text: &str| format!(r#"{{"op": "add", "path": "$.events", "value": "{text}"}}"#);
     let mut first = vec![note("The ship sails north.")];
