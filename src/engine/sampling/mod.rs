@@ -209,6 +209,11 @@ pub struct TokenMarks {
     breaker: Vec<bool>,
     /// Its text holds a character that can end a line or sentence.
     ends_unit: Vec<bool>,
+    /// Its text begins with a letter or digit: after a token that ends in
+    /// one, it goes on with the same word.
+    starts_in_word: Vec<bool>,
+    /// Its text ends with a letter or digit.
+    ends_in_word: Vec<bool>,
 }
 
 impl TokenMarks {
@@ -216,22 +221,24 @@ impl TokenMarks {
     /// tokens (`stop_ids`) are breakers too: a turn that ends as an earlier
     /// one did is no repeat to punish.
     pub fn new<S: AsRef<str>>(texts: impl IntoIterator<Item = S>, stop_ids: &[u32]) -> Self {
-        let (mut breaker, ends_unit): (Vec<bool>, Vec<bool>) = texts
-            .into_iter()
-            .map(|text| {
-                let text = text.as_ref();
-                (
-                    text.contains(DRY_BREAKERS),
-                    text.contains(['\n', '.', '!', '?']),
-                )
-            })
-            .unzip();
+        let mut marks = TokenMarks::default();
+        for text in texts {
+            let text = text.as_ref();
+            marks.breaker.push(text.contains(DRY_BREAKERS));
+            marks.ends_unit.push(text.contains(['\n', '.', '!', '?']));
+            marks
+                .starts_in_word
+                .push(text.starts_with(char::is_alphanumeric));
+            marks
+                .ends_in_word
+                .push(text.ends_with(char::is_alphanumeric));
+        }
         for &id in stop_ids {
-            if let Some(mark) = breaker.get_mut(id as usize) {
+            if let Some(mark) = marks.breaker.get_mut(id as usize) {
                 *mark = true;
             }
         }
-        TokenMarks { breaker, ends_unit }
+        marks
     }
 
     /// Whether `token` stops a DRY match (unknown ids do not).
@@ -242,6 +249,13 @@ impl TokenMarks {
     /// Whether `token` can end a line or sentence (unknown ids cannot).
     pub fn may_end_unit(&self, token: u32) -> bool {
         self.ends_unit.get(token as usize).copied().unwrap_or(false)
+    }
+
+    /// Whether `token`, written after `previous`, goes on with the word
+    /// `previous` ends in (unknown ids do not).
+    pub fn continues_word(&self, previous: u32, token: u32) -> bool {
+        let mark = |marks: &[bool], id: u32| marks.get(id as usize).copied().unwrap_or(false);
+        mark(&self.ends_in_word, previous) && mark(&self.starts_in_word, token)
     }
 }
 
@@ -616,7 +630,18 @@ impl Sampler {
             }
         }
         apply_bans(logits, &ngram_bans(generated, self.no_repeat_ngram));
-        apply_bans(logits, &self.copy_source.bans(generated));
+        apply_bans(logits, &self.copy_bans(generated));
+    }
+
+    /// The copy ban ([`CopySource::bans`]) but for tokens that would finish
+    /// a word already begun: cut off inside a copied name, the model spelt
+    /// "Vass" as "Vas". The ban falls on the next word instead.
+    fn copy_bans(&self, generated: &[u32]) -> Vec<u32> {
+        let mut banned = self.copy_source.bans(generated);
+        if let Some(&last) = generated.last() {
+            banned.retain(|&token| !self.marks.continues_word(last, token));
+        }
+        banned
     }
 
     /// Whether [`Sampler::pick`] takes the most likely token.

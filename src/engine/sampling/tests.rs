@@ -382,6 +382,35 @@ fn the_copy_ban_forbids_what_would_complete_a_run_of_the_source() {
     assert!(CopySource::new(&[1, 2, 3], 0).bans(&[1, 2]).is_empty());
 }
 
+/// Source " the keeper, V|ass, said": after " keeper" "," " V", "ass" would
+/// copy a fourth token, but it finishes the word " V" began, so it stays
+/// allowed; " said" after "ass" starts a word and is banned.
+#[test]
+fn the_copy_ban_never_cuts_a_word_in_two() {
+    let texts = [" the", " keeper", ",", " V", "ass", " said", " wrote"];
+    let marks = Arc::new(TokenMarks::new(texts, &[]));
+    assert!(marks.continues_word(3, 4));
+    assert!(!marks.continues_word(4, 5));
+    assert!(
+        !marks.continues_word(2, 4),
+        "a word after a comma starts afresh"
+    );
+    let source = [0, 1, 2, 3, 4, 5];
+    let sampler = Sampler::new(
+        &SamplingConfig::default(),
+        marks,
+        CopySource::new(&source, 4),
+    );
+    let allowed_after = |generated: &[u32], token: u32| {
+        let mut logits = vec![0.0f32; texts.len()];
+        sampler.penalize(&mut logits, generated, 0);
+        logits[token as usize] > f32::NEG_INFINITY
+    };
+    assert!(allowed_after(&[1, 2, 3], 4));
+    assert!(!allowed_after(&[2, 3, 4], 5));
+    assert!(allowed_after(&[2, 3, 4], 6));
+}
+
 /// The distribution draft-model decoding checks drafts against is the one
 /// candle's sampler draws from, with temperature, top-k and top-p.
 #[test]
