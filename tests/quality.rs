@@ -212,3 +212,47 @@ fn questions_answered_side_by_side_match_those_answered_in_turn() {
         in_turn.figures.output_tokens
     );
 }
+
+/// Questions written about a document keep only pairs whose answers come
+/// from their passage and are not in the question, and that do not ask
+/// about "the passage"; each question is asked once across the document,
+/// and what one chunk falls short of is asked of the next.
+#[test]
+fn generated_questions_are_grounded_in_their_passage_and_asked_once() {
+    use prism::chunk::Chunk;
+    use prism::qa::generate_document_pairs;
+    let chunk = |index: usize, text: &str| Chunk {
+        index,
+        text: text.to_string(),
+        tokens: text.chars().count(),
+        start_byte: 0,
+    };
+    let chunks = [
+        chunk(0, "The keeper, Ada Penhallow, lit the lamp at dusk."),
+        chunk(1, "Tomas Reddick climbed the ladder in the gale."),
+    ];
+    let mut llm = ScriptedLlm::new(&[
+        "Q: Who lit the lamp?\nA: Ada Penhallow\nQ: Who is named in the passage?\nA: Ada Penhallow\nQ: What did the keeper light?\nA: The keeper\nQ: What is the title?\nA: Passage from a document",
+        "Q: Who lit the lamp?\nA: Tomas Reddick\nQ: What did Tomas Reddick climb?\nA: the ladder\nQ: What was the weather?\nA: a gale",
+    ]);
+    let mut heard = Vec::new();
+    let written =
+        generate_document_pairs(&mut llm, &chunks, 4, false, &mut |chunk, kept, asked| {
+            heard.push((chunk.index, kept, asked))
+        })
+        .unwrap();
+    let pairs: Vec<(&str, &str, Option<usize>)> = written
+        .pairs
+        .iter()
+        .map(|pair| (pair.question.as_str(), pair.answer.as_str(), pair.chunk))
+        .collect();
+    assert_eq!(
+        pairs,
+        [
+            ("Who lit the lamp?", "Ada Penhallow", Some(0)),
+            ("What did Tomas Reddick climb?", "the ladder", Some(1)),
+            ("What was the weather?", "a gale", Some(1)),
+        ]
+    );
+    assert_eq!(heard, [(0, 1, 2), (1, 2, 3)]);
+}

@@ -103,7 +103,7 @@ pub fn generation_prompt(passage: &str, count: usize, constrained: bool) -> Prom
     passage_prompt(
         passage,
         vec![format!(
-            "\nWrite {count} question{plural} about facts stated in this passage, each with its answer. Ask about specific things: names, numbers, places, objects, actions. Each question must be answerable from the passage alone, and each answer is a word or a short phrase from the passage, not a sentence. {form}\n"
+            "\nWrite {count} question{plural} that a reader of the whole document should be able to answer, each with its answer. Each question asks about one fact stated in this passage (who does what, what something is for, how, where or when it is done) and names what it is about, so that it makes sense without the passage in view: never ask about \"the passage\" itself. Each answer is a word or a short phrase from the passage, not a sentence or a list. {form}\n"
         )],
     )
 }
@@ -123,6 +123,11 @@ pub fn generate_pairs(
     let completion = llm.complete(&prompt, count * TOKENS_PER_PAIR + 16, grammar.as_ref())?;
     let pairs = parse_pairs(&completion.text)
         .into_iter()
+        .filter(|(question, answer)| {
+            grounded(answer, passage)
+                && !given_away(question, answer)
+                && !about_the_passage(question, passage)
+        })
         .take(count)
         .map(|(question, answer)| QaPair {
             question,
@@ -137,6 +142,58 @@ pub fn generate_pairs(
     })
 }
 
+/// Words this short (articles, "of", "was") say nothing about where an answer came from.
+const MIN_GROUNDING_LETTERS: usize = 4;
+
+/// Whether `answer` comes from `passage`: at least half of its words of
+/// [`MIN_GROUNDING_LETTERS`] or more occur there. Asked about a manual,
+/// Qwen2.5-Coder-1.5B answered "What is the name of the passage?" with the
+/// prompt's own heading, "Passage from a document", and a question with a
+/// made-up answer scores every summary as wrong.
+fn grounded(answer: &str, passage: &str) -> bool {
+    let passage_words: HashSet<String> = f1::normalize(passage)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    let normalized = f1::normalize(answer);
+    let telling: Vec<&str> = normalized
+        .split_whitespace()
+        .filter(|word| word.chars().count() >= MIN_GROUNDING_LETTERS)
+        .collect();
+    let found = telling
+        .iter()
+        .filter(|word| passage_words.contains(**word))
+        .count();
+    2 * found >= telling.len()
+}
+
+/// Whether `question` holds every telling word of `answer`, as "What are
+/// the names of the office workers mentioned? Office Workers" does: such a
+/// pair tests nothing a summary says.
+fn given_away(question: &str, answer: &str) -> bool {
+    let question = f1::normalize(question);
+    let asked: HashSet<&str> = question.split_whitespace().collect();
+    let answer = f1::normalize(answer);
+    let mut telling = answer
+        .split_whitespace()
+        .filter(|word| word.chars().count() >= MIN_GROUNDING_LETTERS)
+        .peekable();
+    telling.peek().is_some() && telling.all(|word| asked.contains(word))
+}
+
+/// Whether `question` asks about "the passage" the prompt showed, a word
+/// `passage` itself does not use: a reader of the whole document's summary
+/// cannot tell which passage that is ("What are the names of the locations
+/// mentioned in the passage?").
+fn about_the_passage(question: &str, passage: &str) -> bool {
+    let mentions = |text: &str| {
+        f1::normalize(text)
+            .split_whitespace()
+            .any(|word| word == "passage")
+    };
+    mentions(question) && !mentions(passage)
+}
+
 /// The pairs written about a whole document, and what their calls cost.
 #[derive(Debug, Clone, Default)]
 pub struct DocumentPairs {
@@ -146,7 +203,10 @@ pub struct DocumentPairs {
 
 /// Ask for `total` pairs about the document in `chunks`, spread over them as
 /// [`spread`] says; `on_chunk` hears of each chunk asked, with the pairs it
-/// gave and those asked of it.
+/// gave and those asked of it. A question asked of an earlier chunk is
+/// dropped: one summary gives one answer to it. What a chunk falls short
+/// of its share is asked of the next, so the total is reached when later
+/// chunks can make it up.
 pub fn generate_document_pairs(
     llm: &mut dyn Llm,
     chunks: &[Chunk],
@@ -155,7 +215,10 @@ pub fn generate_document_pairs(
     on_chunk: &mut dyn FnMut(&Chunk, usize, usize),
 ) -> Result<DocumentPairs> {
     let mut written = DocumentPairs::default();
-    for (chunk, count) in chunks.iter().zip(spread(total, chunks.len())) {
+    let mut asked = HashSet::new();
+    let mut owed = 0;
+    for (chunk, share) in chunks.iter().zip(spread(total, chunks.len())) {
+        let count = share + owed;
         if count == 0 {
             continue;
         }
@@ -167,8 +230,14 @@ pub fn generate_document_pairs(
                 )
             })?;
         written.ledger.record(&generated.usage);
-        on_chunk(chunk, generated.pairs.len(), count);
-        written.pairs.extend(generated.pairs);
+        let new: Vec<QaPair> = generated
+            .pairs
+            .into_iter()
+            .filter(|pair| asked.insert(f1::normalize(&pair.question)))
+            .collect();
+        on_chunk(chunk, new.len(), count);
+        owed = count - new.len();
+        written.pairs.extend(new);
     }
     Ok(written)
 }
