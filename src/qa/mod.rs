@@ -121,13 +121,10 @@ pub fn generate_pairs(
     let prompt = generation_prompt(passage, count, constrained);
     let grammar = constrained.then(|| Grammar::JsonSchema(pairs_schema(count)));
     let completion = llm.complete(&prompt, count * TOKENS_PER_PAIR + 16, grammar.as_ref())?;
+    let passage_words = word_set(passage);
     let pairs = parse_pairs(&completion.text)
         .into_iter()
-        .filter(|(question, answer)| {
-            grounded(answer, passage)
-                && !given_away(question, answer)
-                && !about_the_passage(question, passage)
-        })
+        .filter(|(question, answer)| worth_asking(question, answer, &passage_words))
         .take(count)
         .map(|(question, answer)| QaPair {
             question,
@@ -145,53 +142,45 @@ pub fn generate_pairs(
 /// Words this short (articles, "of", "was") say nothing about where an answer came from.
 const MIN_GROUNDING_LETTERS: usize = 4;
 
-/// Whether `answer` comes from `passage`: at least half of its words of
-/// [`MIN_GROUNDING_LETTERS`] or more occur there. Asked about a manual,
-/// Qwen2.5-Coder-1.5B answered "What is the name of the passage?" with the
-/// prompt's own heading, "Passage from a document", and a question with a
-/// made-up answer scores every summary as wrong.
-fn grounded(answer: &str, passage: &str) -> bool {
-    let passage_words: HashSet<String> = f1::normalize(passage)
+/// The words of `text` as Correct-F1 compares them.
+fn word_set(text: &str) -> HashSet<String> {
+    f1::normalize(text)
         .split_whitespace()
         .map(str::to_string)
-        .collect();
-    let normalized = f1::normalize(answer);
-    let telling: Vec<&str> = normalized
+        .collect()
+}
+
+/// The words of `answer` of [`MIN_GROUNDING_LETTERS`] or more, normalized.
+fn telling_words(answer: &str) -> Vec<String> {
+    f1::normalize(answer)
         .split_whitespace()
         .filter(|word| word.chars().count() >= MIN_GROUNDING_LETTERS)
-        .collect();
+        .map(str::to_string)
+        .collect()
+}
+
+/// Whether a pair is worth asking of a summary, given the words of the
+/// passage it was written from:
+/// - its answer comes from the passage: at least half of its telling
+///   words occur there. Asked about a manual, Qwen2.5-Coder-1.5B answered
+///   "What is the name of the passage?" with the prompt's own heading,
+///   "Passage from a document";
+/// - its question does not already hold every telling word of its answer
+///   ("the names of the office workers mentioned: Office Workers");
+/// - it does not ask about "the passage" where the passage itself never
+///   uses the word: a reader of the whole document's summary cannot tell
+///   which passage that is.
+fn worth_asking(question: &str, answer: &str, passage_words: &HashSet<String>) -> bool {
+    let telling = telling_words(answer);
+    let asked = word_set(question);
     let found = telling
         .iter()
-        .filter(|word| passage_words.contains(**word))
+        .filter(|word| passage_words.contains(*word))
         .count();
-    2 * found >= telling.len()
-}
-
-/// Whether `question` holds every telling word of `answer`, as "What are
-/// the names of the office workers mentioned? Office Workers" does: such a
-/// pair tests nothing a summary says.
-fn given_away(question: &str, answer: &str) -> bool {
-    let question = f1::normalize(question);
-    let asked: HashSet<&str> = question.split_whitespace().collect();
-    let answer = f1::normalize(answer);
-    let mut telling = answer
-        .split_whitespace()
-        .filter(|word| word.chars().count() >= MIN_GROUNDING_LETTERS)
-        .peekable();
-    telling.peek().is_some() && telling.all(|word| asked.contains(word))
-}
-
-/// Whether `question` asks about "the passage" the prompt showed, a word
-/// `passage` itself does not use: a reader of the whole document's summary
-/// cannot tell which passage that is ("What are the names of the locations
-/// mentioned in the passage?").
-fn about_the_passage(question: &str, passage: &str) -> bool {
-    let mentions = |text: &str| {
-        f1::normalize(text)
-            .split_whitespace()
-            .any(|word| word == "passage")
-    };
-    mentions(question) && !mentions(passage)
+    let grounded = 2 * found >= telling.len();
+    let given_away = !telling.is_empty() && telling.iter().all(|word| asked.contains(word));
+    let about_the_passage = asked.contains("passage") && !passage_words.contains("passage");
+    grounded && !given_away && !about_the_passage
 }
 
 /// The pairs written about a whole document, and what their calls cost.

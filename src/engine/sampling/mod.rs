@@ -634,8 +634,8 @@ impl Sampler {
     }
 
     /// The copy ban ([`CopySource::bans`]) but for tokens that would finish
-    /// a word already begun: cut off inside a copied name, the model spelt
-    /// "Vass" as "Vas". The ban falls on the next word instead.
+    /// a word already begun: cut off inside a copied word, the model wrote
+    /// "whitewash" as "whit wash". The ban falls on the next word instead.
     fn copy_bans(&self, generated: &[u32]) -> Vec<u32> {
         let mut banned = self.copy_source.bans(generated);
         if let Some(&last) = generated.last() {
