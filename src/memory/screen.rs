@@ -514,8 +514,18 @@ fn is_duplicate(candidate: &[String], seen: &[Vec<String>]) -> bool {
         if candidate.len() < MIN_WORDS || other.len() < MIN_WORDS {
             return false;
         }
-        jaccard(candidate, other) >= NEAR_DUPLICATE_JACCARD
+        jaccard(candidate, other) >= NEAR_DUPLICATE_JACCARD || contained_in(candidate, other)
     })
+}
+
+/// Whether every word of `part` occurs in `whole`: the opening of a note
+/// written out again ("Simple fuse made by greasing string"), which says
+/// nothing the note does not. Qwen2.5-Coder-1.5B, once the amendments
+/// showed a dozen notes, began a chunk's revisions by listing their first
+/// words again.
+fn contained_in(part: &[String], whole: &[String]) -> bool {
+    let whole: HashSet<&String> = whole.iter().collect();
+    part.iter().all(|word| whole.contains(word))
 }
 
 fn jaccard(a: &[String], b: &[String]) -> f64 {
@@ -724,6 +734,27 @@ mod tests {
         let out = screen().screen(&memory, &revision);
         assert_eq!(out.kept, None);
         assert_eq!(out.dropped[0].why, Redundancy::Duplicate);
+    }
+
+    #[test]
+    fn the_opening_of_a_note_the_memory_holds_is_a_duplicate() {
+        let memory = json!({"events": [
+            "A simple fuse is made by greasing a string and rubbing gunpowder into it."
+        ]});
+        let opening = rev(
+            Op::Add,
+            "$.events",
+            json!(["A simple fuse is made by greasing a string"]),
+        );
+        let out = screen().screen(&memory, &opening);
+        assert_eq!(out.kept, None);
+        assert_eq!(out.dropped[0].why, Redundancy::Duplicate);
+        let more = rev(
+            Op::Add,
+            "$.events",
+            json!(["A simple fuse is made by greasing a string and soaking it in oil."]),
+        );
+        assert!(screen().screen(&memory, &more).kept.is_some());
     }
 
     #[test]

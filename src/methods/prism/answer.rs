@@ -129,17 +129,20 @@ fn cast_sentence(
 }
 
 /// How the notes other than the people's use each word: how often it
-/// occurs, and whether it is ever capitalized in mid-sentence, which is
-/// how prose marks a name ("the skipper, Wenna Cole, waited").
+/// occurs, whether it is ever capitalized in mid-sentence, which is how
+/// prose marks a name ("the skipper, Wenna Cole, waited"), and whether it
+/// is ever written in lowercase, which a name is not ("the manual").
 struct Mentions {
     counts: HashMap<String, usize>,
     as_names: HashSet<String>,
+    in_lowercase: HashSet<String>,
 }
 
 impl Mentions {
     fn new(notes: &[String]) -> Mentions {
         let mut counts: HashMap<String, usize> = HashMap::new();
         let mut as_names = HashSet::new();
+        let mut in_lowercase = HashSet::new();
         for note in notes {
             let mut sentence_start = true;
             for token in note.split_whitespace() {
@@ -152,12 +155,19 @@ impl Mentions {
                     if !sentence_start && word.starts_with(char::is_uppercase) {
                         as_names.insert(word.clone());
                     }
+                    if word.starts_with(char::is_lowercase) {
+                        in_lowercase.insert(word.clone());
+                    }
                     *counts.entry(word).or_default() += 1;
                 }
                 sentence_start = ends_sentence(token);
             }
         }
-        Mentions { counts, as_names }
+        Mentions {
+            counts,
+            as_names,
+            in_lowercase,
+        }
     }
 
     /// How often the notes name `name`: by the first or last word of the
@@ -172,7 +182,11 @@ impl Mentions {
 
     /// Whether `name` belongs in the cast: written as a name (capitalized
     /// words, short particles such as "de" aside, at most
-    /// [`MAX_NAME_WORDS`]), and used as one in the notes.
+    /// [`MAX_NAME_WORDS`]), and used as one in the notes by a word that
+    /// they never write in lowercase. On the Sabotage manual the people
+    /// call listed the manual itself, "Simple Sabotage Field Manual", whose
+    /// words the notes also use as common nouns ("the manual", "simple
+    /// sabotage").
     fn casts(&self, name: &str, names: &[&str]) -> bool {
         let parts: Vec<&str> = name.split_whitespace().collect();
         let written_as_name = parts.len() <= MAX_NAME_WORDS
@@ -181,9 +195,9 @@ impl Mentions {
                     || (part.len() <= 3 && part.chars().all(char::is_lowercase))
             });
         written_as_name
-            && identifying_parts(name, names)
-                .iter()
-                .any(|part| self.as_names.contains(*part))
+            && identifying_parts(name, names).iter().any(|part| {
+                self.as_names.contains(*part) && !self.in_lowercase.contains(&part.to_lowercase())
+            })
     }
 }
 

@@ -864,6 +864,21 @@ mod tests {
             30,
         );
         assert!(none.is_empty(), "{none}");
+        let manual = serde_json::json!({
+            "events": [
+                "The Simple Sabotage Field Manual was issued by William Donovan.",
+                "The manual tells how simple sabotage slows the enemy, and Donovan signs it.",
+            ],
+            "people": {
+                "Simple Sabotage Field Manual": ["the manual"],
+                "William Donovan": ["the director"],
+            },
+        });
+        let (cast, _) = cast_and_notes(&manual, 30);
+        assert_eq!(
+            cast,
+            "The people in it include William Donovan (the director)."
+        );
     }
 
     #[test]

@@ -80,6 +80,7 @@ impl Run {
         let path = self.path;
         sentences
             .into_iter()
+            .filter(|sentence| !trails_off(sentence))
             .map(move |sentence| Ok(Revision::add(path.clone(), Value::String(sentence))))
     }
 }
@@ -115,6 +116,15 @@ pub(super) fn rest_to_note<'a>(summary: &'a [String], noted: &[Revision]) -> &'a
         Some(last) => &summary[last + 1..],
         None => &[],
     }
+}
+
+/// Whether `sentence` ends in an ellipsis: the model's own mark that it
+/// left the sentence unfinished. Qwen2.5-Coder-1.5B wrote such notes on the
+/// Sabotage manual ("In part (1), the instructions…", "The text…"), which
+/// the final summary merged into sentences that stop mid-clause.
+fn trails_off(sentence: &str) -> bool {
+    let bare = sentence.trim_end_matches(['"', '\'', '\u{201d}', '\u{2019}', ')']);
+    bare.ends_with('\u{2026}') || bare.ends_with("...")
 }
 
 fn reaches_the_bound(note: &str) -> bool {
@@ -209,6 +219,22 @@ mod tests {
                 "$.people.Celia the duke's daughter",
                 "$.events They reach the forest.",
                 "$.events lowercase after a whole note stays a note of its own."
+            ]
+        );
+    }
+
+    #[test]
+    fn a_note_that_trails_off_is_dropped_and_a_whole_one_kept() {
+        let laid_out = one_sentence_per_note(notes(&[
+            ("$.events", "The tips include: twisting saws…"),
+            ("$.events", "Saws are twisted. The text..."),
+            ("$.events", "Files are worn out by rapid strokes."),
+        ]));
+        assert_eq!(
+            values(&laid_out),
+            [
+                "$.events Saws are twisted.",
+                "$.events Files are worn out by rapid strokes."
             ]
         );
     }
