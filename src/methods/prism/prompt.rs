@@ -14,13 +14,16 @@ pub(super) const REVISION_REQUEST: &str = "The memory above already holds everyt
 /// The last segment of a revision prompt, after the chunk (or its summary):
 /// the request, anchored at the opening words of what was shown. Without the anchor, once the
 /// amendments showed revision lines, Qwen2.5-Coder-1.5B wrote them out again
-/// from the first one instead of noting the new chunk. The opening is
-/// quoted without an ellipsis: shown one, the same model wrote notes of a
-/// few words ending in "…", earlier notes' openings among them.
+/// from the first one instead of noting the new chunk. The ellipsis stays
+/// although the same model copies it into notes of a few words ("The
+/// text…"), which are dropped (`notes::one_sentence_per_note`): with the
+/// opening quoted as "the words" and no ellipsis, it noted the sample's
+/// first sentence and then listed places as people, and the summary was 31
+/// words.
 pub(super) fn revision_request(chunk_text: &str) -> String {
     let opening: Vec<&str> = chunk_text.split_whitespace().take(8).collect();
     format!(
-        "\nIt opens with the words \"{}\". {REVISION_REQUEST}",
+        "\nIt opens with \"{}…\". {REVISION_REQUEST}",
         opening.join(" ")
     )
 }
@@ -287,8 +290,7 @@ mod tests {
         let request =
             revision_request("On the Wednesday a fog came down so thick that the beam stopped.");
         assert!(
-            request
-                .starts_with("\nIt opens with the words \"On the Wednesday a fog came down so\"."),
+            request.starts_with("\nIt opens with \"On the Wednesday a fog came down so…\"."),
             "{request}"
         );
         assert!(request.ends_with("Revisions:\n"));
