@@ -503,10 +503,17 @@ fn same_name(a: &str, b: &str) -> bool {
     a != b && spelling(a) == spelling(b)
 }
 
+/// Whether `candidate` repeats one of `seen`: the same words, nearly the
+/// same word set ([`NEAR_DUPLICATE_JACCARD`]), or only words that one of
+/// them holds. The last is the opening of a note written out again
+/// ("Simple fuse made by greasing string"), which says nothing the note
+/// does not: Qwen2.5-Coder-1.5B, once the amendments showed a dozen notes,
+/// began a chunk's revisions by listing their first words again.
 fn is_duplicate(candidate: &[String], seen: &[Vec<String>]) -> bool {
     if candidate.is_empty() {
         return false;
     }
+    let words: HashSet<&String> = candidate.iter().collect();
     seen.iter().any(|other| {
         if other.as_slice() == candidate {
             return true;
@@ -514,18 +521,11 @@ fn is_duplicate(candidate: &[String], seen: &[Vec<String>]) -> bool {
         if candidate.len() < MIN_WORDS || other.len() < MIN_WORDS {
             return false;
         }
-        jaccard(candidate, other) >= NEAR_DUPLICATE_JACCARD || contained_in(candidate, other)
+        let other: HashSet<&String> = other.iter().collect();
+        let shared = words.intersection(&other).count();
+        let union = words.len() + other.len() - shared;
+        shared == words.len() || shared as f64 >= NEAR_DUPLICATE_JACCARD * union as f64
     })
-}
-
-/// Whether every word of `part` occurs in `whole`: the opening of a note
-/// written out again ("Simple fuse made by greasing string"), which says
-/// nothing the note does not. Qwen2.5-Coder-1.5B, once the amendments
-/// showed a dozen notes, began a chunk's revisions by listing their first
-/// words again.
-fn contained_in(part: &[String], whole: &[String]) -> bool {
-    let whole: HashSet<&String> = whole.iter().collect();
-    part.iter().all(|word| whole.contains(word))
 }
 
 fn jaccard(a: &[String], b: &[String]) -> f64 {
