@@ -1,0 +1,1 @@
+{"context_tokens": 512, "prefill_tokens_per_second": 24.320413368723393, "decode_tokens_per_second": 0.8798689645994783, "decode_steps": 64, "warm_90_seconds": 9.956602924998151, "cold_seconds": 21.052273751993198, "peak_rss_bytes": 1926582272}

@@ -1,0 +1,1 @@
+{"context_tokens":512,"prefill_tokens_per_second":47.114969516204766,"decode_tokens_per_second":7.566560741823232,"decode_steps":64,"warm_90_seconds":0.659041403,"cold_seconds":10.867034517,"peak_rss_bytes":1302716416}
