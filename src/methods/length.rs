@@ -92,8 +92,10 @@ pub fn merge_prompt(sentences: &[&str], no_copy_tokens: Option<usize>) -> Prompt
 }
 
 /// `text` brought to about `target` words: unchanged when it is within a
-/// quarter over, else condensed ([`condense`]).
+/// quarter over, else condensed ([`condense`]); either way without a last
+/// sentence its token budget cut off.
 pub fn to_length(llm: &mut dyn Llm, text: &str, target: usize) -> Result<Condensed> {
+    let text = without_unfinished_sentence(text);
     if words(text) as f64 <= target as f64 * SLACK {
         return Ok(Condensed {
             text: text.trim().to_string(),
@@ -240,13 +242,36 @@ fn paragraphs(sentences: &[String]) -> String {
     text
 }
 
-/// What `call` wrote, without a last sentence its token budget cut off.
+/// What `call` wrote, without a last sentence its token budget cut off and
+/// without markdown's bold marks: asked for one sentence of prose, the
+/// 1.5B model sometimes wrote a bolded heading before it, and the
+/// Sabotage manual's summary kept "**Switchboard Disruption**: Exchange
+/// wires in."
 fn whole_sentences(call: &Call) -> String {
     let text = call.summary();
-    if !call.filled_budget() {
-        return text.to_string();
+    let kept = match call.filled_budget() {
+        true => &text[..last_sentence_end(text).unwrap_or(text.len())],
+        false => text,
+    };
+    kept.replace("**", "")
+}
+
+/// `text` without a fragment after its last whole sentence, on the same
+/// line, that stops without a closing mark: what is left of a sentence
+/// when a final answer's token budget runs out ("… and the author feels a
+/// sense"). A list item on a line of its own is kept, stop or no stop.
+pub fn without_unfinished_sentence(text: &str) -> &str {
+    let text = text.trim_end();
+    let Some(end) = last_sentence_end(text) else {
+        return text;
+    };
+    let tail = &text[end..];
+    let unfinished = !tail.contains('\n')
+        && tail.ends_with(|c: char| c.is_alphanumeric() || matches!(c, ',' | ';' | ':' | '-'));
+    match unfinished {
+        true => &text[..end],
+        false => text,
     }
-    text[..last_sentence_end(text).unwrap_or(text.len())].to_string()
 }
 
 /// Words of `text`, as `stats.json` counts them.
@@ -472,6 +497,44 @@ mod tests {
         let text = "1. Keep tools dull.\n2. Jam the locks.";
         assert_eq!(to_length(&mut llm, text, 120).unwrap().text, text);
         assert!(llm.0.prompts.is_empty());
+    }
+
+    #[test]
+    fn an_answer_cut_mid_sentence_loses_the_fragment_and_keeps_list_items() {
+        let cut = "The creature wakes. He flees the room, and the author feels a sense";
+        assert_eq!(without_unfinished_sentence(cut), "The creature wakes.");
+        let list = "1. Keep tools dull.\n2. Jam the locks";
+        assert_eq!(without_unfinished_sentence(list), list);
+        let quoted = "He said so. \u{201c}Go.\u{201d}";
+        assert_eq!(without_unfinished_sentence(quoted), quoted);
+        assert_eq!(
+            without_unfinished_sentence("no stop at all"),
+            "no stop at all"
+        );
+        let mut llm = Fake(FirstSentence::default());
+        assert_eq!(
+            to_length(&mut llm, cut, 120).unwrap().text,
+            "The creature wakes."
+        );
+    }
+
+    #[test]
+    fn a_merge_loses_its_bold_marks() {
+        struct Bolded;
+        impl Reply for Bolded {
+            fn reply(&mut self, _: &Prompt) -> String {
+                "**Switchboard Disruption**: Exchange wires.".to_string()
+            }
+        }
+        let mut llm = Fake(Bolded);
+        let notes: Vec<String> = (1..=12)
+            .map(|i| format!("Note {i} tells of one event in about ten words."))
+            .collect();
+        let condensed = condense(&mut llm, &notes, 50).unwrap();
+        assert!(!condensed.text.contains('*'), "{}", condensed.text);
+        assert!(condensed
+            .text
+            .contains("Switchboard Disruption: Exchange wires."));
     }
 
     #[test]

@@ -49,6 +49,35 @@ const MAX_ROLE_WORDS: usize = 12;
 /// Sabotage manual's people call kept "Project Gutenberg Literary Archive
 /// Foundation" and "United States. Office of Strategic Services".
 const MAX_NAME_WORDS: usize = 4;
+/// Words that make a name an institution's, not a person's: on the
+/// Sabotage manual the summary's cast sentence opened with "Strategic
+/// Services and Office of Strategic Services", which the notes write as
+/// names.
+const INSTITUTION_WORDS: &[&str] = &[
+    "Agency",
+    "Archive",
+    "Army",
+    "Association",
+    "Bank",
+    "Board",
+    "Bureau",
+    "College",
+    "Committee",
+    "Company",
+    "Corporation",
+    "Council",
+    "Department",
+    "Foundation",
+    "Government",
+    "Institute",
+    "Ministry",
+    "Navy",
+    "Office",
+    "Service",
+    "Services",
+    "Society",
+    "University",
+];
 
 /// The opening of a summary that says who is in the document, and the
 /// notes its remainder is condensed from. Each member of the memory kept
@@ -99,10 +128,15 @@ fn cast_sentence(
     budget: usize,
 ) -> Option<String> {
     let opening = format!("The {key} in it include");
-    let names: Vec<&str> = named.keys().map(String::as_str).collect();
+    let all: Vec<&str> = named.keys().map(String::as_str).collect();
+    let names: Vec<&str> = all
+        .iter()
+        .copied()
+        .filter(|name| !first_name_of_one(name, &all))
+        .collect();
     let mut ranked: Vec<(usize, &str, &Value)> = named
         .iter()
-        .filter(|(name, _)| mentions.casts(name, &names))
+        .filter(|(name, _)| names.contains(&name.as_str()) && mentions.casts(name, &names))
         .map(|(name, notes)| (mentions.count(name, &names), name.as_str(), notes))
         .collect();
     // A stable sort keeps memory order among equals.
@@ -126,6 +160,20 @@ fn cast_sentence(
         true => format!("{opening} {last}."),
         false => format!("{opening} {} and {last}.", entries.join(", ")),
     })
+}
+
+/// Whether `name` opens exactly one longer name of `names`, as "Justine"
+/// opens "Justine Moritz": the same person, whom a cast would otherwise
+/// name twice (Frankenstein's listed Elizabeth, Justine and Henry each
+/// twice). A name that opens two ("Henry" beside "Henry Clerval" and
+/// "Henry Frankenstein") could be either, and stays.
+fn first_name_of_one(name: &str, names: &[&str]) -> bool {
+    let longer = names.iter().filter(|other| {
+        other
+            .strip_prefix(name)
+            .is_some_and(|rest| rest.starts_with(' '))
+    });
+    longer.count() == 1
 }
 
 /// How the notes other than the people's use each word: how often it
@@ -180,18 +228,18 @@ impl Mentions {
             .unwrap_or(0)
     }
 
-    /// Whether `name` belongs in the cast: written as a name (capitalized
-    /// words, short particles such as "de" aside, at most
-    /// [`MAX_NAME_WORDS`]), and used as one in the notes by a word that
-    /// they never write in lowercase. On the Sabotage manual the people
-    /// call listed the manual itself, "Simple Sabotage Field Manual", whose
-    /// words the notes also use as common nouns ("the manual", "simple
-    /// sabotage").
+    /// Whether `name` belongs in the cast: written as a person's name
+    /// (capitalized words, short particles such as "de" aside, at most
+    /// [`MAX_NAME_WORDS`], none of [`INSTITUTION_WORDS`]), and used as one
+    /// in the notes by a word that they never write in lowercase. On the
+    /// Sabotage manual the people call listed the manual itself, "Simple
+    /// Sabotage Field Manual", whose words the notes also use as common
+    /// nouns ("the manual", "simple sabotage").
     fn casts(&self, name: &str, names: &[&str]) -> bool {
         let parts: Vec<&str> = name.split_whitespace().collect();
         let written_as_name = parts.len() <= MAX_NAME_WORDS
             && parts.iter().all(|part| {
-                part.starts_with(char::is_uppercase)
+                (part.starts_with(char::is_uppercase) && !INSTITUTION_WORDS.contains(part))
                     || (part.len() <= 3 && part.chars().all(char::is_lowercase))
             });
         written_as_name

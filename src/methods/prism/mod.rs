@@ -494,6 +494,29 @@ mod tests {
     }
 
     #[test]
+    fn a_first_name_beside_one_full_name_is_cast_once() {
+        let memory = serde_json::json!({
+            "events": [
+                "Then Justine Moritz joins the family, and Justine serves it.",
+                "At the inn Henry Clerval meets him, and Henry Frankenstein writes.",
+            ],
+            "people": {
+                "Justine": ["the servant"],
+                "Justine Moritz": ["a servant of the family"],
+                "Henry": ["a friend"],
+                "Henry Clerval": ["his friend"],
+                "Henry Frankenstein": ["his father"],
+            },
+        });
+        let (cast, _) = cast_and_notes(&memory, 40);
+        assert_eq!(
+            cast,
+            "The people in it include Justine Moritz (a servant of the family), Henry (a friend), \
+             Henry Clerval (his friend) and Henry Frankenstein (his father)."
+        );
+    }
+
+    #[test]
     fn the_cast_names_only_those_the_notes_use_as_names() {
         let memory = serde_json::json!({
             "events": [
@@ -527,10 +550,13 @@ mod tests {
             "events": [
                 "The Simple Sabotage Field Manual was issued by William Donovan.",
                 "The manual tells how simple sabotage slows the enemy, and Donovan signs it.",
+                "Donovan heads the Office of Strategic Services, and Strategic Services prints it.",
             ],
             "people": {
                 "Simple Sabotage Field Manual": ["the manual"],
                 "William Donovan": ["the director"],
+                "Office of Strategic Services": ["an agency"],
+                "Strategic Services": ["the agency"],
             },
         });
         let (cast, _) = cast_and_notes(&manual, 30);
