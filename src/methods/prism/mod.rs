@@ -19,9 +19,8 @@ use crate::run::dir::RunDir;
 use crate::run::{Advance, Finish, Method, Position};
 use answer::memory_notes;
 use prompt::{
-    overview_context, preamble, query_request, revision_request, summary_request,
-    whole_chunk_segment, EMPTY_MEMORY, OVERVIEW_REQUEST, PEOPLE_REQUEST, QUERY_SYSTEM,
-    REVISION_REQUEST, SUMMARY_SYSTEM, SYSTEM,
+    preamble, query_request, revision_request, summary_request, EMPTY_MEMORY, PEOPLE_REQUEST,
+    QUERY_SYSTEM, REVISION_REQUEST, SUMMARY_SYSTEM, SYSTEM,
 };
 use serde_json::Value;
 pub use step::{Step, SKIPS_BEFORE_STOP};
@@ -305,16 +304,16 @@ impl<'a> Prism<'a> {
         }
     }
 
-    /// The prompt that asks what kind of text `chunk` is and who writes
-    /// or speaks in it.
-    pub fn overview_prompt(chunk: &Chunk) -> Prompt {
+    /// The prompt that summarizes `piece` of a chunk on its own in at
+    /// least `sentences` sentences.
+    pub fn summary_prompt(piece: &Chunk, sentences: usize) -> Prompt {
         Prompt {
             system: Some(SUMMARY_SYSTEM.to_string()),
             segments: vec![
-                whole_chunk_segment(&chunk.text),
-                OVERVIEW_REQUEST.to_string(),
+                summary_request(sentences),
+                format!("{}\n", piece.text.trim_end()),
             ],
-            source: None,
+            source: Some(Source::segment(1)),
             shared_segments: Some(1),
         }
     }
@@ -328,30 +327,6 @@ impl<'a> Prism<'a> {
                 format!("{}\n", chunk.text.trim_end()),
             ],
             source: None,
-            shared_segments: Some(1),
-        }
-    }
-
-    /// The prompt that summarizes `piece` of a chunk in at least
-    /// `sentences` sentences, in the light of the chunk's `overview`,
-    /// copying no run of `no_copy_tokens` tokens of the piece when given.
-    pub fn summary_prompt(
-        overview: &str,
-        piece: &Chunk,
-        sentences: usize,
-        no_copy_tokens: Option<usize>,
-    ) -> Prompt {
-        Prompt {
-            system: Some(SUMMARY_SYSTEM.to_string()),
-            segments: vec![
-                overview_context(overview),
-                format!("{}\n", piece.text.trim_end()),
-                summary_request(sentences),
-            ],
-            source: Some(Source {
-                segment: 1,
-                no_copy_tokens,
-            }),
             shared_segments: Some(1),
         }
     }
@@ -405,7 +380,6 @@ impl Method for Prism<'_> {
             CONDENSE_SYSTEM.to_string(),
             merging.segments.concat(),
             PEOPLE_REQUEST.to_string(),
-            OVERVIEW_REQUEST.to_string(),
             EMPTY_MEMORY.to_string(),
             QUERY_SYSTEM.to_string(),
         ]

@@ -90,49 +90,21 @@ pub(super) fn preamble(config: &PrismConfig, schema: &Schema) -> String {
 /// The system turn of the call that summarizes a chunk on its own.
 pub(super) const SUMMARY_SYSTEM: &str = "You write clear, faithful summaries in your own words.";
 
-/// The request that asks, after a whole chunk, what kind of text it is and
-/// who writes or speaks in it. Its answer heads each piece's summary call
-/// ([`overview_context`]). Summarized alone, the opening piece of
-/// Frankenstein, which holds the title but not the signature, made the
-/// novel's title its narrator ("Frankenstein, a young scientist, arrives in
-/// St. Petersburg"), and every later note followed; asked about the whole
-/// letter, Qwen2.5-Coder-1.5B named its writer and reader (R. Walton, his
-/// sister Margaret), and shown that answer first, the opening piece's
-/// summary named Walton too. Asked also what happens, it described the text
-/// ("the log describes the weather events"), and the pieces' summaries
-/// opened with that description again.
-pub(super) const OVERVIEW_REQUEST: &str = "\nIn one or two sentences, say what kind of text the text above is and who writes or speaks in it.\n";
-
-/// The segment that shows a whole chunk before [`OVERVIEW_REQUEST`].
-pub(super) fn whole_chunk_segment(text: &str) -> String {
-    format!("Text:\n{}\n", text.trim_end())
-}
-
-/// The segment that opens a piece's summary call: what the whole chunk is
-/// ([`OVERVIEW_REQUEST`]'s answer), then the heading of the piece.
-pub(super) fn overview_context(overview: &str) -> String {
-    format!(
-        "What the whole text is, in brief: {}\n\nOne part of that text:\n",
-        overview.trim()
-    )
-}
-
-/// The request that follows one piece of a chunk, for a summary of `fewest`
-/// to `fewest + 2` sentences. It comes after the piece, as the overview of
-/// the chunk comes before it: with the request first, the overview and then
-/// the piece, the model told the overview again and left Walton unnamed.
+/// The request that opens the call summarizing one piece of a chunk, before
+/// the piece, for a summary of `fewest` to `fewest + 2` sentences.
 ///
 /// A summary reads each chunk in two calls: the first summarizes the chunk
-/// (piece by piece, this request), the second notes that summary in the
-/// memory. Shown the chunk itself, Qwen2.5-Coder-1.5B noted it sentence by
-/// sentence in the text's own words; asked in one prompt for a gist and
-/// then notes, it described the text ("the log mentions the fog") instead
-/// of telling it. Asked first and plainly, it tells what happens and names
-/// who does it.
+/// alone (this request), the second notes that summary in the memory.
+/// Shown the chunk itself, Qwen2.5-Coder-1.5B noted it sentence by sentence
+/// in the text's own words; asked in one prompt for a gist and then notes,
+/// it described the text ("the log mentions the fog") instead of telling
+/// it. Asked first and plainly, it tells what happens and names who does it.
 ///
-/// Its words were tried on the sample: asked also for "the third person",
-/// for "what it says" or for who wrote it, the model copied the text out.
-/// Asked after the whole chunk on the revision prompt's opening
+/// The instruction comes first: after the text, the same model described the
+/// text and named no one. Its words were tried on the sample: asked also for
+/// "the third person", for "what it says" or for who wrote it, the model
+/// copied the text out; shown the summary of the piece before, it summarized
+/// that again. Asked after the whole chunk on the revision prompt's opening
 /// (instructions and memory first, so that the summary, the people list and
 /// the revision call share a cached prefix), for at most 160 words, it
 /// copied the sample out; with copying masked it wrote the sample out again
@@ -140,9 +112,9 @@ pub(super) fn overview_context(overview: &str) -> String {
 /// read it wrote people's names from the masked text ("eau de mer Reddick").
 pub(super) fn summary_request(fewest: usize) -> String {
     format!(
-        "\nSummarize this part in {fewest} to {} sentences. \
+        "Summarize the following part of a document in {fewest} to {} sentences. \
          Tell what happens, in order, and name the people who do it. \
-         Use your own words, and tell the events themselves rather than what the text mentions.\n",
+         Use your own words, and tell the events themselves rather than what the text mentions.\n\n",
         fewest + 2
     )
 }
@@ -152,9 +124,7 @@ pub(super) fn summary_request(fewest: usize) -> String {
 /// a text told as "I" first of all: asked for the summary and the people in
 /// one call, Qwen2.5-Coder-1.5B copied the text out, and asked in the
 /// summary's request to name the writer, it named no one. Asked on its own
-/// who the people are, it lists them with who they are. Asked after the
-/// chunk instead, it listed the sample's places as people and its writer as
-/// "the keeper".
+/// who the people are, it lists them with who they are.
 /// Who the example in [`PEOPLE_REQUEST`] is; a person described so by a
 /// text that does not say it is that example copied.
 pub(super) const PEOPLE_EXAMPLE_WHO: &str = "the ship's cook";
@@ -327,10 +297,10 @@ mod tests {
     }
 
     #[test]
-    fn the_summary_request_follows_the_piece_and_asks_for_sentences() {
+    fn the_summary_request_comes_before_the_chunk_and_asks_for_sentences() {
         let request = summary_request(4);
-        assert!(request.starts_with("\nSummarize this part"));
+        assert!(request.starts_with("Summarize the following part"));
         assert!(request.contains("in 4 to 6 sentences"));
-        assert!(request.ends_with(".\n"));
+        assert!(request.ends_with("\n\n"));
     }
 }

@@ -25,16 +25,11 @@ const WORDS_PER_SENTENCE: usize = 100;
 /// Tokens a summary may spend per sentence asked for.
 const TOKENS_PER_SENTENCE: usize = 50;
 /// A summary with this share of its word 8-grams found in the text it
-/// summarizes is that text copied out, and is asked for again, shorter
-/// and with runs of the text masked:
+/// summarizes is that text copied out, and is asked for again, shorter:
 /// asked for four to six sentences of the 640-word sample,
 /// Qwen2.5-Coder-1.5B summarized it; asked for six to eight, it copied the
 /// sample out whole.
 const COPIED_SUMMARY: f64 = 0.3;
-/// A sentence of a piece's summary with this share of its word 8-grams
-/// found in the chunk's overview tells the overview again: the model,
-/// shown the overview before the piece, sometimes opened with it.
-const TELLS_THE_OVERVIEW: f64 = 0.5;
 /// Summaries of one piece asked for before the last one is kept.
 const SUMMARY_ATTEMPTS: usize = 3;
 
@@ -47,34 +42,25 @@ pub(super) struct ChunkSummary {
 }
 
 /// Summarize `chunk` piece by piece, pieces of at most [`WORDS_PER_SUMMARY`]
-/// words ending at paragraph or sentence ends, each in a few sentences and
-/// each after a short account of what the whole chunk is, so that a piece
-/// that does not say who "I" is still has its people right. A
+/// words ending at paragraph or sentence ends, each in a few sentences. A
 /// piece's summary that copies the piece out ([`COPIED_SUMMARY`]) is asked
-/// for again with fewer sentences and runs of the piece masked, and the
-/// least copied of its summaries is kept. The people the chunk names are
-/// listed in a call of their own. Then each sentence of the summary that
-/// does not tell the overview again is brought into the form a note must
-/// take ([`in_own_words`]).
+/// for again with fewer sentences, and the least copied of its summaries is
+/// kept: asked for fewer, Qwen2.5-Coder-1.5B copied more. The people the
+/// chunk names are listed in a call of their own, and then each sentence
+/// of the summary is brought into the form a note must take
+/// ([`in_own_words`]).
 pub(super) fn summarize(llm: &mut dyn Llm, chunk: &Chunk) -> Result<ChunkSummary> {
     let mut summary = ChunkSummary {
         text: String::new(),
         people: Vec::new(),
         calls: Vec::new(),
     };
-    let call = Call::run(llm, &Prism::overview_prompt(chunk), OVERVIEW_TOKENS)?;
-    let overview = call.summary().to_string();
-    summary.calls.push(call);
-    let call = Call::run(llm, &Prism::people_prompt(chunk), PEOPLE_TOKENS)?;
-    summary.people = people_listed(call.summary(), &chunk.text);
-    summary.calls.push(call);
     for piece in crate::chunk::split(&chunk.text, WORDS_PER_SUMMARY, &words)? {
         let text = DocumentWords::new(&piece.text);
         let mut sentences = (words(&piece.text) / WORDS_PER_SENTENCE).clamp(2, 5);
         let mut least_copied: Option<(f64, String)> = None;
-        let mut no_copy_tokens = None;
         for attempt in 1..=SUMMARY_ATTEMPTS {
-            let prompt = Prism::summary_prompt(&overview, &piece, sentences, no_copy_tokens);
+            let prompt = Prism::summary_prompt(&piece, sentences);
             let call = Call::run(llm, &prompt, (sentences + 2) * TOKENS_PER_SENTENCE)?;
             let written = call.summary().to_string();
             let copied = text.copying(&[&written]).copied_8gram_share;
@@ -89,7 +75,6 @@ pub(super) fn summarize(llm: &mut dyn Llm, chunk: &Chunk) -> Result<ChunkSummary
                 break;
             }
             sentences = (sentences / 2).max(1);
-            no_copy_tokens = Some(MERGE_NO_COPY_TOKENS);
         }
         if let Some((_, written)) = least_copied {
             if !summary.text.is_empty() {
@@ -98,14 +83,13 @@ pub(super) fn summarize(llm: &mut dyn Llm, chunk: &Chunk) -> Result<ChunkSummary
             summary.text.push_str(&written);
         }
     }
+    let call = Call::run(llm, &Prism::people_prompt(chunk), PEOPLE_TOKENS)?;
+    summary.people = people_listed(call.summary(), &chunk.text);
+    summary.calls.push(call);
     let writer = writer(&summary.people).unwrap_or(UNNAMED_WRITER);
     let copies = Screen::new([]).with_source(&chunk.text, None);
-    let overview = DocumentWords::new(&overview);
     let mut told = Vec::new();
     for sentence in crate::sentences::split_sentences(&summary.text) {
-        if overview.copying(&[&sentence]).copied_8gram_share >= TELLS_THE_OVERVIEW {
-            continue;
-        }
         if let Some(sentence) = in_own_words(llm, sentence, writer, &copies, &mut summary.calls)? {
             told.push(sentence);
         }
@@ -204,10 +188,6 @@ fn writer(people: &[(String, String)]) -> Option<&str> {
         })
         .map(|(name, _)| name.as_str())
 }
-
-/// Tokens the account of what a whole chunk is may spend: two or three
-/// sentences.
-const OVERVIEW_TOKENS: usize = 120;
 
 /// Tokens the list of a chunk's people may spend.
 const PEOPLE_TOKENS: usize = 200;
