@@ -229,7 +229,8 @@ impl Mentions {
     }
 
     /// Whether `name` belongs in the cast: written as a person's name
-    /// (capitalized words, short particles such as "de" aside, at most
+    /// (capitalized words, short particles such as "de" aside but not
+    /// first, which kept the revision step's "ida Penhallow", at most
     /// [`MAX_NAME_WORDS`], none of [`INSTITUTION_WORDS`]), and used as one
     /// in the notes by a word that they never write in lowercase. On the
     /// Sabotage manual the people call listed the manual itself, "Simple
@@ -238,6 +239,9 @@ impl Mentions {
     fn casts(&self, name: &str, names: &[&str]) -> bool {
         let parts: Vec<&str> = name.split_whitespace().collect();
         let written_as_name = parts.len() <= MAX_NAME_WORDS
+            && parts
+                .first()
+                .is_some_and(|first| first.starts_with(char::is_uppercase))
             && parts.iter().all(|part| {
                 (part.starts_with(char::is_uppercase) && !INSTITUTION_WORDS.contains(part))
                     || (part.len() <= 3 && part.chars().all(char::is_lowercase))

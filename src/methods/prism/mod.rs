@@ -564,5 +564,11 @@ mod tests {
             cast,
             "The people in it include William Donovan (the director)."
         );
+        let misspelt = serde_json::json!({
+            "events": ["The light is kept by Ada Penhallow, who writes the log."],
+            "people": {"ida Penhallow": ["the keeper"], "Ada Penhallow": ["the writer"]},
+        });
+        let (cast, _) = cast_and_notes(&misspelt, 30);
+        assert_eq!(cast, "The people in it include Ada Penhallow (the writer).");
     }
 }
