@@ -441,7 +441,7 @@ impl Method for Prism<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::answer::cast_and_notes;
+    use super::answer::{cast_and_notes, MAX_CAST};
     use super::*;
     use serde_json::json;
 
@@ -564,6 +564,21 @@ mod tests {
             cast,
             "The people in it include William Donovan (the director)."
         );
+        let crew = [
+            "Abel", "Bryn", "Cato", "Dora", "Elin", "Finn", "Gwen", "Hal", "Ines", "Jory", "Kit",
+            "Lowen",
+        ];
+        let crowd: serde_json::Map<String, serde_json::Value> = crew
+            .iter()
+            .map(|name| (name.to_string(), serde_json::json!(["a sailor"])))
+            .collect();
+        let notes: Vec<String> = crew
+            .iter()
+            .map(|name| format!("Then {name} rows."))
+            .collect();
+        let (cast, _) = cast_and_notes(&serde_json::json!({"events": notes, "people": crowd}), 200);
+        let named = crew.iter().filter(|name| cast.contains(*name)).count();
+        assert_eq!(named, MAX_CAST, "{cast}");
         let misspelt = serde_json::json!({
             "events": ["The light is kept by Ada Penhallow, who writes the log."],
             "people": {"ida Penhallow": ["the keeper"], "Ada Penhallow": ["the writer"]},
