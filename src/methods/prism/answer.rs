@@ -122,9 +122,9 @@ pub(super) fn cast_and_notes(memory: &Value, budget: usize) -> (String, Vec<Stri
 
 /// "The people in it include A (who A is), B and C (who C is).": the
 /// members of `named` the notes mention most, in that order, at most
-/// [`MAX_CAST`] of them, within `budget` words but at least one. A member whose role would not fit is
-/// named without it, so that a long role does not keep a main character
-/// out.
+/// [`MAX_CAST`] of them, within `budget` words but at least one. A member
+/// whose role would not fit is named without it, so that a long role does
+/// not keep a main character out.
 fn cast_sentence(
     key: &str,
     named: &serde_json::Map<String, Value>,
@@ -233,9 +233,10 @@ impl Mentions {
     }
 
     /// Whether `name` belongs in the cast: written as a person's name
-    /// (capitalized words, short particles such as "de" aside but not
-    /// first, which kept the revision step's "ida Penhallow", at most
-    /// [`MAX_NAME_WORDS`], none of [`INSTITUTION_WORDS`]), and used as one
+    /// (capitalized words, with short particles such as "de" only after
+    /// the first, so the revision step's misspelt "ida Penhallow" is not
+    /// one; at most [`MAX_NAME_WORDS`], none of [`INSTITUTION_WORDS`]), and
+    /// used as one
     /// in the notes by a word that they never write in lowercase. On the
     /// Sabotage manual the people call listed the manual itself, "Simple
     /// Sabotage Field Manual", whose words the notes also use as common

@@ -570,16 +570,16 @@ mod tests {
         ];
         let crowd: serde_json::Map<String, serde_json::Value> = crew
             .iter()
-            .map(|name| (name.to_string(), serde_json::json!(["a sailor"])))
+            .map(|name| (name.to_string(), json!(["a sailor"])))
             .collect();
         let notes: Vec<String> = crew
             .iter()
             .map(|name| format!("Then {name} rows."))
             .collect();
-        let (cast, _) = cast_and_notes(&serde_json::json!({"events": notes, "people": crowd}), 200);
+        let (cast, _) = cast_and_notes(&json!({"events": notes, "people": crowd}), 200);
         let named = crew.iter().filter(|name| cast.contains(*name)).count();
         assert_eq!(named, MAX_CAST, "{cast}");
-        let misspelt = serde_json::json!({
+        let misspelt = json!({
             "events": ["The light is kept by Ada Penhallow, who writes the log."],
             "people": {"ida Penhallow": ["the keeper"], "Ada Penhallow": ["the writer"]},
         });
