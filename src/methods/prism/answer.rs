@@ -236,8 +236,8 @@ impl Mentions {
     /// (capitalized words, with short particles such as "de" only after
     /// the first, so the revision step's misspelt "ida Penhallow" is not
     /// one; at most [`MAX_NAME_WORDS`], none of [`INSTITUTION_WORDS`]), and
-    /// used as one
-    /// in the notes by a word that they never write in lowercase. On the
+    /// used as one in the notes by a word that they never write in
+    /// lowercase. On the
     /// Sabotage manual the people call listed the manual itself, "Simple
     /// Sabotage Field Manual", whose words the notes also use as common
     /// nouns ("the manual", "simple sabotage").
